@@ -1,0 +1,84 @@
+"""Acceptance math: which drafted tokens the target keeps, and the token it adds.
+
+Pure functions of tensors, no models. Vocabulary (STYLE.md §4):
+
+- *accepted* tokens: the longest prefix of the draft that the target keeps;
+- the *recovered* token: drawn at the first rejection, from what the target wanted there;
+- the *bonus* token: drawn from the target after the last draft token, when all were accepted.
+
+Every verification emits `num_accepted + 1` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaptive_spec.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    num_accepted: int  # how many draft tokens were kept, 0..k
+    next_token: int  # the recovered token (num_accepted < k) or the bonus token (== k)
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """Keep the draft while it equals the target's argmax.
+
+    draft_tokens:  [k]           tokens the draft proposed
+    target_logits: [k + 1, vocab] the target's logits after the pending token and after each draft
+
+    Example: the target's argmaxes are [5, 9, 2, 7] and the draft proposed [5, 9, 4]. The first
+    two agree and the third does not, so num_accepted = 2 and the recovered token is 2. Had the
+    draft proposed [5, 9, 2], all three are accepted and the bonus token is 7.
+    """
+    target_choice = target_logits.argmax(dim=-1)  # [k + 1]
+    k = draft_tokens.shape[0]
+    agree = (draft_tokens == target_choice[:k]).to(torch.int64)  # [k]
+    num_accepted = int(agree.cumprod(dim=0).sum())
+    return Verdict(num_accepted, int(target_choice[num_accepted]))
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2).
+
+    draft_tokens: [k]            drawn from draft_probs, row by row
+    draft_probs:  [k, vocab]     the draft's distribution at each drafted position, or None for a
+                                 deterministic draft (prompt lookup), which is a one-hot row
+    target_probs: [k + 1, vocab] the target's processed distribution at the same positions, plus
+                                 one more after the last draft token
+
+    Draft token i is accepted with probability min(1, target_probs[i, t] / draft_probs[i, t]).
+    At the first rejection the recovered token is drawn from max(0, target_probs - draft_probs),
+    renormalised; if every token is accepted the bonus token is drawn from target_probs[k].
+    Either way each emitted token follows target_probs exactly.
+
+    Example: at one position the target gives token A 0.6 and B 0.4, the draft gives A 0.9 and
+    B 0.1, and the draft drew A. A is kept with probability 0.6 / 0.9 = 2/3. Otherwise the
+    residual max(0, [0.6 - 0.9, 0.4 - 0.1]) = [0, 0.3] recovers B. So A comes out with
+    probability 0.9 * 2/3 = 0.6 and B with 0.1 + 0.9 * 1/3 = 0.4, as the target wants.
+    """
+    k = draft_tokens.shape[0]
+    positions = torch.arange(k, device=draft_tokens.device)
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
+    target_p = target_probs[positions, draft_tokens]  # [k]
+    draft_p = draft_probs[positions, draft_tokens]  # [k]
+    uniform = torch.rand(k, generator=generator, device=target_probs.device)  # [k]
+    # u < target_p / draft_p, written without the division so that draft_p = 0 is safe.
+    rejected = ~(uniform * draft_p < target_p)  # [k]
+    num_accepted = int(rejected.nonzero()[0, 0]) if bool(rejected.any()) else k
+    if num_accepted == k:
+        return Verdict(k, int(sample(target_probs[k : k + 1], generator)[0]))
+    residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_min(0.0)  # [vocab]
+    total = residual.sum()
+    if total <= 0:  # only reachable through rounding, when the two rows are equal
+        residual, total = target_probs[num_accepted], 1.0
+    return Verdict(num_accepted, int(sample((residual / total)[None], generator)[0]))

