@@ -1,0 +1,166 @@
+"""`adaptive-spec bench`: speed of the target alone vs speculative decoding vs the HF peer.
+
+    adaptive-spec bench                                   # default model, early-exit:4, dynamic k
+    adaptive-spec bench --k 4 --num-prompts 4 --max-new-tokens 32 --json bench.json   # quick
+
+Every prompt runs through four paths, interleaved so that a change in machine load touches all
+of them alike:
+
+- target alone: this engine with `speculative=False` (the same code with k = 0), the baseline;
+- ours: this engine with the draft;
+- HF assisted: `target.generate(..., assistant_model=draft)` with the same draft model. With a
+  fixed `--k` it drafts exactly k (`num_assistant_tokens=k`, constant schedule, confidence
+  stop off); with dynamic k it keeps transformers' own adaptive defaults, its peer to ours.
+  An `ngram` draft is compared with `prompt_lookup_num_tokens=k`.
+- HF target alone: `target.generate(...)` without a draft, to show the baseline is not slowed.
+
+Tokens/s are total generated tokens over total wall time per path. `identical` is true only
+when every output of ours equals the target alone's, token for token (greedy only).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+from tqdm import tqdm
+
+from adaptive_spec.drafters.model import ModelDrafter
+from adaptive_spec.drafters.ngram import NgramDrafter
+from adaptive_spec.engine import Engine
+from adaptive_spec.prompts import PromptItem
+
+
+def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: int | None,
+              temperature: float = 0.0, dtype: str = "auto", progress: bool = True) -> dict:
+    prompts = [engine.encode_prompt(item.prompt) for item in items]
+    paths = ("target", "spec", "hf_assisted", "hf_target")
+    tokens = dict.fromkeys(paths, 0)
+    seconds = dict.fromkeys(paths, 0.0)
+    drafted = accepted = emitted = forwards = 0
+    identical = hf_identical = 0
+    sampling = dict(temperature=temperature, seed=0)
+
+    _warm_up(engine, prompts[0], k, temperature)
+    for ids in tqdm(prompts, desc="bench", unit="prompt", disable=not progress, file=sys.stderr):
+        base = _timed(lambda: engine.generate(ids, max_new_tokens, speculative=False, **sampling))
+        ours = _timed(lambda: engine.generate(ids, max_new_tokens, k=k, **sampling))
+        hf = _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, assisted=True))
+        hf_plain = _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, assisted=False))
+        for path, (result, elapsed) in zip(paths, (base, ours, hf, hf_plain)):
+            tokens[path] += len(result if isinstance(result, list) else result.token_ids)
+            seconds[path] += elapsed
+        out = ours[0]
+        drafted += out.stats.drafted
+        accepted += out.stats.accepted
+        emitted += out.stats.emitted
+        forwards += out.stats.target_forwards
+        identical += out.token_ids == base[0].token_ids
+        hf_identical += hf[0] == base[0].token_ids
+
+    rate = {path: tokens[path] / seconds[path] for path in paths}
+    greedy = temperature == 0.0
+    return {
+        "target_tok_s": rate["target"],
+        "spec_tok_s": rate["spec"],
+        "hf_assisted_tok_s": rate["hf_assisted"],
+        "hf_target_tok_s": rate["hf_target"],
+        "speedup_vs_target": rate["spec"] / rate["target"],
+        "speedup_vs_hf": rate["spec"] / rate["hf_assisted"],
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_acceptance_length": emitted / forwards if forwards else None,
+        "target_forwards_per_token": forwards / emitted if emitted else None,
+        "identical": identical == len(prompts) if greedy else None,
+        "identical_prompts": identical if greedy else None,
+        "hf_identical_prompts": hf_identical if greedy else None,
+        "drafted": drafted,
+        "accepted": accepted,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "target": engine.target_id,
+        "draft": engine.draft_id,
+        "k": k if k is not None else "dynamic",
+        "dtype": dtype,
+        "device": str(engine.device),
+        "temperature": temperature,
+        "torch_threads": torch.get_num_threads(),
+        "hf_peer": _hf_peer_description(engine, k),
+    }
+
+
+def format_report(figures: dict) -> str:
+    def num(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    lines = [
+        f"target {figures['target']}, draft {figures['draft']}, k {figures['k']}, {figures['prompts']} prompts x "
+        f"{figures['max_new_tokens']} new tokens, {figures['dtype']} on {figures['device']}",
+        f"  target alone      {figures['target_tok_s']:8.2f} tok/s",
+        f"  speculative (ours){figures['spec_tok_s']:8.2f} tok/s   x{figures['speedup_vs_target']:.2f} vs target",
+        f"  HF assisted       {figures['hf_assisted_tok_s']:8.2f} tok/s   ours x{figures['speedup_vs_hf']:.2f} vs HF",
+        f"  HF target alone   {figures['hf_target_tok_s']:8.2f} tok/s",
+        f"  acceptance rate {num(figures['acceptance_rate'], '.3f')}, mean acceptance length "
+        f"{num(figures['mean_acceptance_length'], '.2f')}, target forwards/token "
+        f"{num(figures['target_forwards_per_token'], '.3f')}",
+        f"  identical to target alone: {figures['identical']} ({figures['identical_prompts']}/{figures['prompts']})",
+    ]
+    return "\n".join(lines)
+
+
+def _timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - started
+
+
+def _warm_up(engine: Engine, ids: list[int], k: int | None, temperature: float) -> None:
+    engine.generate(ids, 4, speculative=False, temperature=temperature, seed=0)
+    engine.generate(ids, 4, k=k, temperature=temperature, seed=0)
+    _hf_generate(engine, ids, 4, k, temperature, assisted=True)
+    _hf_generate(engine, ids, 4, k, temperature, assisted=False)
+
+
+def _hf_peer_description(engine: Engine, k: int | None) -> str:
+    if isinstance(engine.drafter, NgramDrafter):
+        return f"prompt_lookup_num_tokens={k or 10}"
+    if k is None:
+        return "assistant_model, transformers' default adaptive schedule"
+    return f"assistant_model, num_assistant_tokens={k}, constant schedule, confidence stop off"
+
+
+@contextmanager
+def _assistant_config(draft_model, k: int | None):
+    saved = copy.deepcopy(draft_model.generation_config)
+    if k is not None:
+        draft_model.generation_config.num_assistant_tokens = k
+        draft_model.generation_config.num_assistant_tokens_schedule = "constant"
+        draft_model.generation_config.assistant_confidence_threshold = 0.0
+    try:
+        yield
+    finally:
+        draft_model.generation_config = saved
+
+
+@torch.inference_mode()
+def _hf_generate(engine: Engine, ids: list[int], max_new_tokens: int, k: int | None, temperature: float,
+                 assisted: bool) -> list[int]:
+    inputs = torch.tensor([ids], device=engine.device)
+    eos = sorted(engine.eos_ids)
+    kwargs = dict(attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
+                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, do_sample=temperature > 0)
+    if temperature > 0:
+        kwargs.update(temperature=temperature, top_p=1.0, top_k=0)
+        torch.manual_seed(0)
+    drafter = engine.drafter
+    if assisted and isinstance(drafter, NgramDrafter):
+        kwargs["prompt_lookup_num_tokens"] = k or 10
+        assisted = False
+    if assisted and isinstance(drafter, ModelDrafter):
+        with _assistant_config(drafter.model, k):
+            out = engine.target.generate(inputs, assistant_model=drafter.model, **kwargs)
+    else:
+        out = engine.target.generate(inputs, **kwargs)
+    return out[0, len(ids):].tolist()

@@ -1,0 +1,188 @@
+"""The `adaptive-spec` command line.
+
+    adaptive-spec generate "Write a haiku about rivers."       # one prompt, streamed
+    adaptive-spec bench --json bench.json                      # target vs speculative vs HF peer
+
+Run `adaptive-spec COMMAND --help` for each command's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from adaptive_spec.models import DEFAULT_MODEL
+
+DEFAULT_DRAFT = "early-exit:4"
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--target", default=DEFAULT_MODEL,
+                       help=f"target model: the built-in {DEFAULT_MODEL!r}, a Hugging Face id or local directory, "
+                            f"or a .gguf file (default: %(default)s)")
+    group.add_argument("--draft", default=DEFAULT_DRAFT,
+                       help="draft: early-exit:N (the target's first N layers), ngram (prompt lookup), or a "
+                            "model with the target's vocabulary (default: %(default)s)")
+    group.add_argument("--k", type=_non_negative_int, default=None,
+                       help="tokens drafted per step; omit it for dynamic k, which adapts to measured acceptance "
+                            "and cost and falls back to plain decoding when drafting does not pay")
+    group.add_argument("--max-new-tokens", type=_positive_int, default=64, help="default: %(default)s")
+    group.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                       help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)")
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adaptive-spec",
+        description="Lossless speculative decoding whose draft keeps learning from live traffic.",
+        epilog="Settings also come from the environment: REDIS_URL, MLFLOW_TRACKING_URI, ADAPTIVE_SPEC_DATA_DIR.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = commands.add_parser("generate", help="generate for one prompt from the terminal, streamed",
+                              description="Generate for one prompt and stream the text to stdout. Figures for "
+                                          "speculation go to stderr.")
+    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the text as is, without the chat template (default: as a user message)")
+    gen.add_argument("--prompts", type=Path, help="a JSONL prompt file: generate for each prompt in turn")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0, help="0 disables it")
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--no-speculative", action="store_true", help="run the target alone (the baseline)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of text")
+    _model_options(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    bench = commands.add_parser(
+        "bench", help="tokens/s of the target alone vs speculative vs Hugging Face assisted generation",
+        description="Time the target alone, our speculative engine and the Hugging Face assisted-generation peer "
+                    "on the same prompts in one run, and check that every output equals the target alone's.")
+    bench.add_argument("--prompts", type=Path, help="JSONL prompt file (default: the shipped chat set)")
+    bench.add_argument("--num-prompts", type=_positive_int, default=8, help="use the first N prompts (default: %(default)s)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), where `identical` is checked")
+    bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    _model_options(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from adaptive_spec.engine import InputError
+    from adaptive_spec.models import ModelLoadError
+    from adaptive_spec.prompts import PromptFileError
+    from adaptive_spec.drafters.early_exit import DraftSpecError
+
+    try:
+        return args.func(args) or 0
+    except (InputError, ModelLoadError, PromptFileError, DraftSpecError) as exc:
+        print(f"adaptive-spec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _load_engine(args):
+    from adaptive_spec.engine import Engine
+
+    print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
+    return Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+
+
+def cmd_generate(args) -> int:
+    from adaptive_spec.prompts import PromptItem, load_prompts
+
+    if args.prompts:
+        items = load_prompts(args.prompts)
+    else:
+        text = args.prompt if args.prompt is not None else sys.stdin.read()
+        if not text.strip():
+            raise_input("give a prompt as an argument or on stdin")
+        items = [PromptItem(text if args.raw else [{"role": "user", "content": text}])]
+    engine = _load_engine(args)
+    for item in items:
+        kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                      top_k=args.top_k, seed=args.seed, k=args.k, stop=args.stop,
+                      speculative=not args.no_speculative)
+        if args.json:
+            out = engine.generate(item.prompt, **kwargs)
+            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                              "stats": out.stats.as_dict()}))
+            continue
+        out = _stream_text(engine, item.prompt, kwargs)
+        s = out.stats
+        rate = f"{s.acceptance_rate:.2f}" if s.acceptance_rate is not None else "n/a"
+        print(f"[{len(out.token_ids)} tokens in {s.wall_s:.2f} s, {len(out.token_ids) / s.wall_s:.1f} tok/s; "
+              f"acceptance {rate}, mean acceptance length {s.mean_acceptance_length:.2f}, "
+              f"{s.target_forwards} target forwards, finish {out.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def _stream_text(engine, prompt, kwargs):
+    """Print text as steps finish. Holds back a trailing partial UTF-8 character."""
+    tokens: list[int] = []
+    shown = ""
+    for chunk in engine.stream(prompt, **kwargs):
+        if chunk.output is not None:
+            text = chunk.output.text or ""
+            sys.stdout.write(text[len(shown):] + "\n")
+            sys.stdout.flush()
+            return chunk.output
+        tokens += chunk.token_ids
+        text = engine.decode(tokens) or ""
+        if text.endswith("\ufffd") or not text.startswith(shown):
+            continue
+        sys.stdout.write(text[len(shown):])
+        sys.stdout.flush()
+        shown = text
+    raise AssertionError("stream ended without an output")
+
+
+def raise_input(message: str):
+    from adaptive_spec.engine import InputError
+
+    raise InputError(message)
+
+
+def cmd_bench(args) -> int:
+    from adaptive_spec.bench import format_report, run_bench
+    from adaptive_spec.prompts import load_prompts, shipped
+
+    items = load_prompts(args.prompts or shipped("chat"))[: args.num_prompts]
+    engine = _load_engine(args)
+    figures = run_bench(engine, items, args.max_new_tokens, args.k, args.temperature, args.dtype)
+    print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"figures written to {args.json}", file=sys.stderr)
+    return 0 if figures["identical"] in (True, None) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Prompt files: JSON Lines, one `{"prompt": "..."}` or `{"messages": [...]}` per line.
+
+An optional `"domain"` tag travels with the request into its correction record and metrics.
+
+    {"messages": [{"role": "user", "content": "Name three rivers."}], "domain": "chat"}
+    {"prompt": "def fibonacci(n):", "domain": "python"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt: str | list[dict]  # text, or chat messages
+    domain: str | None = None
+
+
+class PromptFileError(ValueError):
+    pass
+
+
+def shipped(name: str) -> Path:
+    """A prompt set shipped with the package, e.g. `shipped("chat")`."""
+    path = Path(str(resources.files("adaptive_spec") / "data" / f"{name}.jsonl"))
+    if not path.is_file():
+        names = sorted(p.stem for p in path.parent.glob("*.jsonl"))
+        raise PromptFileError(f"no shipped prompt set {name!r}; shipped: {', '.join(names)}")
+    return path
+
+
+def shipped_domains() -> list[str]:
+    return sorted(p.stem for p in shipped("chat").parent.glob("*.jsonl") if p.stem != "chat")
+
+
+def load_prompts(path: str | Path) -> list[PromptItem]:
+    """Read a prompt file, with an error naming the line for anything malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"prompt file not found: {path}")
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        items.append(_item(row, f"{path}:{number}"))
+    if not items:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    return items
+
+
+def _item(row, where: str) -> PromptItem:
+    if not isinstance(row, dict):
+        raise PromptFileError(f"{where}: each line must be a JSON object")
+    domain = row.get("domain")
+    if domain is not None and not isinstance(domain, str):
+        raise PromptFileError(f"{where}: 'domain' must be a string")
+    if isinstance(row.get("prompt"), str) and row["prompt"]:
+        return PromptItem(row["prompt"], domain)
+    messages = row.get("messages")
+    if isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        return PromptItem(messages, domain)
+    raise PromptFileError(f"{where}: expected a non-empty 'prompt' string or a 'messages' list of "
+                          f"{{'role': ..., 'content': ...}} objects")

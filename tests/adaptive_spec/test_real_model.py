@@ -1,0 +1,85 @@
+"""Integration tests on the built-in default model (SmolLM2-135M-Instruct, fp32, CPU).
+
+Run alone with: ./run tests -m real_model
+The first run converts the shipped GGUF file to safetensors (about 20 s); later runs reuse it.
+"""
+
+import pytest
+import torch
+
+from adaptive_spec import Engine, InputError
+from adaptive_spec.prompts import load_prompts, shipped
+
+pytestmark = pytest.mark.real_model
+
+MAX_NEW = 64
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_pretrained(draft="early-exit:4", device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    # Prompts whose answers run past 64 tokens, so every comparison covers a full 64.
+    return [item.prompt for item in load_prompts(shipped("chat"))[:6]]
+
+
+@pytest.fixture(scope="module")
+def baselines(engine, prompts):
+    return [engine.generate(p, MAX_NEW, speculative=False) for p in prompts]
+
+
+def test_baseline_equals_transformers_generate(engine, prompts, baselines):
+    """Our target-alone path is the reference every figure divides by; it must be HF's greedy."""
+    for prompt, base in list(zip(prompts, baselines))[:2]:
+        ids = engine.encode_prompt(prompt)
+        with torch.inference_mode():
+            hf = engine.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=MAX_NEW, do_sample=False)
+        assert hf[0, len(ids):].tolist() == base.token_ids
+
+
+def test_at_least_five_prompts_run_the_full_length(baselines):
+    assert sum(len(b.token_ids) == MAX_NEW for b in baselines) >= 5
+
+
+@pytest.mark.parametrize("k", [None, 3, 5])
+def test_greedy_early_exit_equals_target(engine, prompts, baselines, k):
+    for prompt, base in zip(prompts, baselines):
+        out = engine.generate(prompt, MAX_NEW, k=k)
+        assert out.token_ids == base.token_ids, f"k={k}: {prompt[-1]['content'][:60]!r}"
+        assert out.text == base.text
+
+
+def test_greedy_ngram_equals_target(engine, prompts, baselines):
+    ngram = Engine(engine.target, "ngram", engine.tokenizer)
+    for prompt, base in zip(prompts, baselines):
+        assert ngram.generate(prompt, MAX_NEW, k=4).token_ids == base.token_ids
+
+
+def test_fixed_k_drafts_and_counts(engine, prompts):
+    out = engine.generate(prompts[0], MAX_NEW, k=4)
+    s = out.stats
+    assert s.drafted > 0 and s.target_forwards < MAX_NEW + 1
+    assert s.emitted == len(out.token_ids)
+    assert s.mean_acceptance_length == pytest.approx(s.emitted / s.target_forwards)
+
+
+def test_stop_string_and_sampling_seed(engine, prompts):
+    out = engine.generate(prompts[0], MAX_NEW, stop=[" the"])
+    assert " the" not in out.text or out.text.endswith(" the")
+    assert out.finish_reason in ("stop", "length")
+    a = engine.generate(prompts[1], 24, temperature=0.8, top_p=0.95, seed=7)
+    b = engine.generate(prompts[1], 24, temperature=0.8, top_p=0.95, seed=7)
+    assert a.token_ids == b.token_ids
+
+
+def test_clear_errors(engine):
+    with pytest.raises(InputError, match="empty"):
+        engine.generate("", 8)
+    with pytest.raises(InputError, match="context"):
+        engine.generate([1] * engine.max_context, 8)
+    with pytest.raises(InputError, match="role"):
+        engine.generate([{"role": "wizard", "content": "hi"}], 8)
