@@ -43,8 +43,8 @@ class InputError(ValueError):
 
 @dataclass
 class GenerationOutput:
-    token_ids: list[int]  # generated tokens only, EOS included when it ended the output
-    text: str | None  # None without a tokenizer
+    token_ids: list[int]  # generated tokens only; EOS, or the token completing a stop string, included
+    text: str | None  # None without a tokenizer; ends before a stop string, which it does not contain
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: RequestStats
     prompt_ids: list[int]
@@ -162,9 +162,14 @@ class Engine:
                speculative: bool = True) -> Iterator[Chunk]:
         """Yield the tokens of each decoding step as it finishes; the last chunk holds the output.
 
-        Input is checked before anything runs, and a bad request raises `InputError`.
+        Input is checked here, before the first chunk is asked for: a bad request raises
+        `InputError` from this call. The engine decodes one request at a time; a stream that is
+        left half read holds it until the stream is closed.
         """
         request = self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative)
+        return self._locked(request)
+
+    def _locked(self, request: _Request) -> Iterator[Chunk]:
         with self._request_lock:
             yield from self._decode(request)
 
@@ -224,7 +229,7 @@ class Engine:
         trace.truncate(len(out))
         stats.wall_s = time.perf_counter() - started
         topk_ids, topk_logprobs = trace.stacked(len(out))
-        output = GenerationOutput(out, self.decode(out) if self.tokenizer else None, finish, stats,
+        output = GenerationOutput(out, _cut_at_stop(self.decode(out), req.stop), finish, stats,
                                   list(req.prompt_ids), trace.proposed, trace.accepted, topk_ids, topk_logprobs)
         yield Chunk(emitted[: len(emitted) - cut], finish, output)
 
@@ -352,6 +357,14 @@ def _tokens_until_stop(engine: Engine, out: list[int], stops: tuple[str, ...]) -
     return len(out)
 
 
+def _cut_at_stop(text: str | None, stops: tuple[str, ...]) -> str | None:
+    """The text before the first stop string, which is not part of the output (as in OpenAI's API)."""
+    if text is None or not stops:
+        return text
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def _vocab_size(model) -> int:
     head = model.get_output_embeddings()
     return head.weight.shape[0] if head is not None else model.config.vocab_size
@@ -380,6 +393,8 @@ def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Draft
     if isinstance(draft, str):
         kind, _, arg = draft.partition(":")
         if kind == "ngram":
+            if arg and not (arg.isdigit() and int(arg) >= 1):
+                raise DraftSpecError(f"ngram:N needs N >= 1, the longest n-gram to look up; got {draft!r}")
             return NgramDrafter(int(arg) if arg else 3, device)
         if kind == "early-exit":
             if not arg.isdigit():

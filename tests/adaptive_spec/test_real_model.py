@@ -68,9 +68,12 @@ def test_fixed_k_drafts_and_counts(engine, prompts):
 
 
 def test_stop_string_and_sampling_seed(engine, prompts):
+    full = engine.generate(prompts[0], MAX_NEW)
+    assert " the" in full.text, "pick a stop string that occurs in this output"
     out = engine.generate(prompts[0], MAX_NEW, stop=[" the"])
-    assert " the" not in out.text or out.text.endswith(" the")
-    assert out.finish_reason in ("stop", "length")
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(" the")]
+    assert out.token_ids == full.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(full.token_ids)
     a = engine.generate(prompts[1], 24, temperature=0.8, top_p=0.95, seed=7)
     b = engine.generate(prompts[1], 24, temperature=0.8, top_p=0.95, seed=7)
     assert a.token_ids == b.token_ids
