@@ -1,0 +1,160 @@
+"""What the trainer keeps of the stream: a replay buffer to train on and a held-out set to judge by.
+
+    holdout, replay = HoldoutSplit(fraction=0.1, max_records=256), ReplayBuffer(max_tokens=200_000)
+    for record in records:                        # from trainer.stream.CorrectionStream
+        if not holdout.add(record):               # about 1 record in 10 is held out, never trained on
+            replay.add(examples_from_record(record))
+    batch = replay.sample_batch(rng, settings.batch_tokens)
+
+Run its tests: `.venv/bin/python -m pytest tests/trainer/test_buffer.py -q`.
+
+The stream is at-least-once: a record may arrive twice (a reclaim after a crash, or the writer
+retrying). Both stores ignore a request id they hold or recently held, so a duplicate is never
+trained on twice as often nor counted twice in the gate. Whether a record is held out depends only
+on a hash of its request id, so every delivery of it, in any process, lands on the same side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from adaptive_spec.record import CorrectionRecord
+from trainer.distill import TrainingExample
+
+
+class _RecentIds:
+    """The last `capacity` ids seen, for dedupe with bounded memory (about 100 bytes an id)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._order: deque[str] = deque()
+        self._ids: set[str] = set()
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._ids
+
+    def add(self, request_id: str) -> None:
+        self._order.append(request_id)
+        self._ids.add(request_id)
+        while len(self._order) > self.capacity:
+            self._ids.discard(self._order.popleft())
+
+
+class ReplayBuffer:
+    """Training examples, oldest evicted first once their tokens exceed `max_tokens`.
+
+    Tokens are input tokens (prompt + output, as fed to the draft), the cost of replaying an
+    example. At 160 tokens a record, 200_000 tokens hold the last 1,250 records. Request ids are
+    remembered for `remember_ids` additions, past eviction, so a late duplicate is still refused.
+    """
+
+    def __init__(self, max_tokens: int, remember_ids: int = 100_000) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self._examples: deque[TrainingExample] = deque()
+        self._seen = _RecentIds(max(remember_ids, 1))
+        self.tokens = 0  # input tokens held now
+        self.added = 0
+        self.duplicates = 0  # refused: request id already seen
+        self.evicted = 0
+        self.refused = 0  # refused: no output position, or longer than max_tokens on its own
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    @property
+    def positions(self) -> int:
+        """Output positions held now."""
+        return sum(example.num_positions for example in self._examples)
+
+    def add(self, example: TrainingExample) -> bool:
+        """Keep the example unless it is a duplicate or useless; evict the oldest to fit. True if kept."""
+        if example.request_id in self._seen:
+            self.duplicates += 1
+            return False
+        if example.num_positions == 0 or example.num_tokens > self.max_tokens:
+            self.refused += 1
+            return False
+        self._seen.add(example.request_id)
+        self._examples.append(example)
+        self.tokens += example.num_tokens
+        self.added += 1
+        while self.tokens > self.max_tokens:
+            self.tokens -= self._examples.popleft().num_tokens
+            self.evicted += 1
+        return True
+
+    def sample_batch(self, rng: np.random.Generator, tokens: int) -> list[TrainingExample]:
+        """Examples drawn uniformly without replacement until the next would pass `tokens` input
+        tokens (always one at least, none if the buffer is empty).
+
+        Example: examples of 100, 300 and 50 tokens drawn in that order with tokens=420 give the
+        first two (400); the third would make 450.
+        """
+        batch, used = [], 0
+        for index in rng.permutation(len(self._examples)):
+            example = self._examples[index]
+            if batch and used + example.num_tokens > tokens:
+                break
+            batch.append(example)
+            used += example.num_tokens
+        return batch
+
+
+class HoldoutSplit:
+    """Decides which records are held out, and keeps the most recent `max_records` of them.
+
+    A record is held out when blake2b(salt + request_id), read as a number in [0, 1), is below
+    `fraction`: deterministic across deliveries, processes and restarts. The store evicts in
+    arrival order (the stream's order, which is time order). `revision` changes whenever the store
+    does, so a caller can reuse the champion's figures until then.
+    """
+
+    def __init__(self, fraction: float = 0.1, max_records: int = 256, salt: str = "",
+                 remember_ids: int = 100_000) -> None:  # fmt: skip
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        if max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records}")
+        self.fraction = fraction
+        self.max_records = max_records
+        self.salt = salt
+        self._records: OrderedDict[str, CorrectionRecord] = OrderedDict()
+        self._seen = _RecentIds(max(remember_ids, 1))
+        self.revision = 0
+        self.duplicates = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def records(self) -> list[CorrectionRecord]:
+        """The held-out records, oldest first."""
+        return list(self._records.values())
+
+    @property
+    def positions(self) -> int:
+        return sum(len(record.output_ids) for record in self._records.values())
+
+    def is_held_out(self, request_id: str) -> bool:
+        digest = hashlib.blake2b((self.salt + request_id).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.fraction
+
+    def add(self, record: CorrectionRecord) -> bool:
+        """True if the record is held out (kept here, or a duplicate of one): never train on it.
+        False if it is for training."""
+        if not self.is_held_out(record.request_id):
+            return False
+        if record.request_id in self._seen:
+            self.duplicates += 1
+            return True
+        self._seen.add(record.request_id)
+        self._records[record.request_id] = record
+        while len(self._records) > self.max_records:
+            self._records.popitem(last=False)
+        self.revision += 1
+        return True

@@ -1,0 +1,388 @@
+"""Distil the target's corrections into a LoRA adapter on the draft.
+
+    from adaptive_spec.drafters.early_exit import build_early_exit
+    from trainer.distill import DraftTrainer, LoraSettings, examples_from_record
+
+    settings = LoraSettings()
+    trainer = DraftTrainer(build_early_exit(target, 4), settings, target_id="smollm2-135m-instruct",
+                           draft_id="early-exit:4", init_adapter=None)   # or the champion's adapter directory
+    replay.add(examples_from_record(record, settings.max_seq_len))       # trainer.buffer.ReplayBuffer
+    loss = trainer.train_step(replay.sample_batch(rng, settings.batch_tokens))
+    trainer.save("adapters/candidate")      # a standard PEFT adapter directory + adaptive_spec_adapter.json
+
+    draft.load_adapter("adapters/candidate", adapter_name="v3")          # serving: a plain early-exit draft
+    draft.set_adapter("v3")
+
+Small CPU check of the whole module (tiny random models, about 15 s):
+`.venv/bin/python -m pytest tests/trainer/test_distill.py -q`.
+
+What is learned. A correction record holds, for every output position j, the target's top-m tokens
+and their log-probabilities, computed while verifying. The draft is trained, teacher-forced on the
+context the target saw, so that its next-token distribution at j comes close to the target's:
+
+    loss_j = sum over the top-m ids i of  p_t(i) * (log p_t(i) - log q(i))          ("kl_topm")
+
+where p_t is the target's top-m renormalised (exp(logprob) / sum over the m) and q is the draft's
+softmax over the whole vocabulary. Because q is normalised over the vocabulary, probability the
+draft spends outside the top-m lowers every log q(i) and is penalised without being listed.
+Worked example, m = 2: the target logged log-probabilities (-1.61, -3.00), i.e. probabilities
+(0.20, 0.05), renormalised over the two to p_t = (0.8, 0.2); a draft with q = (0.5, 0.1) there and
+0.4 elsewhere pays 0.8 * ln(0.8 / 0.5) + 0.2 * ln(0.2 / 0.1) = 0.376 + 0.139 = 0.515 nats.
+"ce_top1" is the cross-entropy on the target's top-1 token alone (-log q(top-1)), the recipe of the
+CPU experiment in DESIGN.md.
+
+Positions are weighted as in Online Speculative Decoding: where the draft's proposal was rejected,
+or where it proposed nothing (the bonus token, or steps that drafted no tokens), the draft has
+something to learn and gets `rejected_weight`; where its proposal was accepted it already agreed
+and gets `accepted_weight` (lower by default, not zero, so it does not forget what it knows).
+The loss of a step is the weighted mean over all its positions.
+
+Only LoRA weights train. The early-exit draft shares its embedding, final norm and LM head with
+the target (adaptive_spec/drafters/early_exit.py); those stay frozen, so the target never
+changes. Wrapping with PEFT injects LoRA layers into the draft model object in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+from adaptive_spec.drafters.early_exit import decoder_layers
+from adaptive_spec.record import CorrectionRecord
+
+LOSSES = ("kl_topm", "ce_top1")
+METADATA_FILE = "adaptive_spec_adapter.json"  # next to PEFT's adapter_config.json and adapter_model.safetensors
+METADATA_FORMAT = 1
+
+
+@dataclass
+class LoraSettings:
+    """Everything the distillation needs, flat (STYLE.md §9)."""
+
+    # The adapter's shape (taken from the adapter itself when training continues from one).
+    r: int = 16
+    alpha: int = 32  # LoRA scale = alpha / r = 2
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # The optimiser: AdamW over the LoRA weights only. 1e-3 suits LoRA at r = 16 (B starts at 0).
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    # Padded tokens per forward pass; train_step accumulates gradients over as many passes as the
+    # examples need, and it is also the natural per-step sample, ReplayBuffer.sample_batch(rng, batch_tokens).
+    batch_tokens: int = 2048
+    # The loss.
+    loss: str = "kl_topm"  # or "ce_top1"
+    rejected_weight: float = 1.0  # positions where the draft was rejected or proposed nothing
+    accepted_weight: float = 0.5  # positions where its proposal was accepted
+    max_seq_len: int = 1024  # longer records lose prompt tokens from the left (examples_from_record)
+    seed: int = 0  # initialises LoRA's A matrices
+
+    def __post_init__(self) -> None:
+        self.target_modules = tuple(self.target_modules)
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.r < 1 or self.batch_tokens < 1 or self.max_seq_len < 2:
+            raise ValueError("r and batch_tokens must be >= 1 and max_seq_len >= 2")
+        if self.rejected_weight < 0 or self.accepted_weight < 0 or self.rejected_weight + self.accepted_weight == 0:
+            raise ValueError("position weights must be >= 0 and not both 0")
+        if self.lr < 0 or self.weight_decay < 0 or not 0 <= self.dropout < 1:
+            raise ValueError("lr and weight_decay must be >= 0 and dropout in [0, 1)")
+
+
+@dataclass(eq=False)
+class TrainingExample:
+    """One record as the draft trains on it: teacher-forced input and, per output position, the target's top-m.
+
+    The logits of the draft at `input_ids[positions[j]]` predict output position j.
+    """
+
+    request_id: str
+    input_ids: torch.Tensor  # [seq] int64: prompt + output[:-1], cut from the left to max_seq_len
+    positions: torch.Tensor  # [n] int64: index into input_ids of the logits that predict each kept output position
+    target_topk_ids: torch.Tensor  # [n, m] int64
+    target_topk_logprobs: torch.Tensor  # [n, m] float16, as logged (not renormalised)
+    accepted: torch.Tensor  # [n] bool: the draft proposed this token and the target accepted it
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed to the draft, the cost of this example in a forward pass."""
+        return int(self.input_ids.numel())
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.positions.numel())
+
+
+def examples_from_record(record: CorrectionRecord, max_seq_len: int = 1024) -> TrainingExample:
+    """The teacher-forced training example of one record.
+
+    Example: prompt [p0 p1 p2], output [o0 o1]. The input is [p0 p1 p2 o0]; the logits at index 2
+    (after p2) predict o0 and those at index 3 (after o0) predict o1, so positions = [2, 3].
+
+    A sequence longer than `max_seq_len` loses tokens from the left, prompt first, so every output
+    position stays as long as the prompt can give way. Output positions whose predicting token
+    was cut (outputs longer than max_seq_len) are dropped. The draft then sees a shorter context
+    than the target did, at shifted rotary positions, which is the price of a bounded step cost.
+
+    A record logged without a top-m (m = 0) still teaches at temperature 0: the output token is
+    the target's greedy token, so it stands in as a top-1 with probability 1. A sampled record
+    without a top-m gives an example with no positions.
+    """
+    n_prompt, n_out = len(record.prompt_ids), len(record.output_ids)
+    topk_ids = np.asarray(record.target_topk_ids, dtype=np.int64).reshape(n_out, -1)  # [n_out, m]
+    topk_logprobs = np.asarray(record.target_topk_logprobs, dtype=np.float16).reshape(n_out, -1)  # [n_out, m]
+    if topk_ids.shape[1] == 0 and record.temperature == 0:
+        topk_ids = np.asarray(record.output_ids, dtype=np.int64).reshape(n_out, 1)
+        topk_logprobs = np.zeros((n_out, 1), dtype=np.float16)
+    input_ids = list(record.prompt_ids) + list(record.output_ids[:-1])
+    start = max(0, len(input_ids) - max_seq_len)
+    positions = np.arange(n_prompt - 1, n_prompt - 1 + n_out) - start  # [n_out]
+    keep = positions >= 0 if topk_ids.shape[1] else np.zeros(n_out, dtype=bool)
+    return TrainingExample(
+        request_id=record.request_id,
+        input_ids=torch.tensor(input_ids[start:], dtype=torch.long),
+        positions=torch.from_numpy(positions[keep]),
+        target_topk_ids=torch.from_numpy(topk_ids[keep]),
+        target_topk_logprobs=torch.from_numpy(topk_logprobs[keep]),
+        accepted=torch.tensor(record.accepted, dtype=torch.bool)[torch.from_numpy(keep)],
+    )
+
+
+@dataclass
+class Batch:
+    """Examples padded on the right into one forward pass; the kept positions flattened."""
+
+    input_ids: torch.Tensor  # [batch, seq] int64, 0-padded
+    attention_mask: torch.Tensor  # [batch, seq] int64
+    rows: torch.Tensor  # [positions] int64: which example
+    cols: torch.Tensor  # [positions] int64: which index of its input
+    target_topk_ids: torch.Tensor  # [positions, m] int64 (m: the widest example; narrower ones padded with id 0)
+    target_topk_logprobs: torch.Tensor  # [positions, m] float32, -inf where padded
+    accepted: torch.Tensor  # [positions] bool
+
+
+def collate(examples: list[TrainingExample]) -> Batch:
+    seq = max(example.num_tokens for example in examples)
+    m = max(example.target_topk_ids.shape[1] for example in examples)
+    input_ids = torch.zeros(len(examples), seq, dtype=torch.long)
+    attention_mask = torch.zeros(len(examples), seq, dtype=torch.long)
+    ids, logprobs = [], []
+    for row, example in enumerate(examples):
+        input_ids[row, : example.num_tokens] = example.input_ids
+        attention_mask[row, : example.num_tokens] = 1
+        pad = m - example.target_topk_ids.shape[1]
+        ids.append(torch.nn.functional.pad(example.target_topk_ids, (0, pad), value=0))
+        logprobs.append(torch.nn.functional.pad(example.target_topk_logprobs.float(), (0, pad), value=-torch.inf))
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        rows=torch.cat([torch.full((e.num_positions,), row, dtype=torch.long) for row, e in enumerate(examples)]),
+        cols=torch.cat([example.positions for example in examples]),
+        target_topk_ids=torch.cat(ids),
+        target_topk_logprobs=torch.cat(logprobs),
+        accepted=torch.cat([example.accepted for example in examples]),
+    )
+
+
+def micro_batches(examples: list[TrainingExample], batch_tokens: int) -> Iterator[list[TrainingExample]]:
+    """Group examples, shortest first, so that batch size * longest input <= batch_tokens (one at least)."""
+    group: list[TrainingExample] = []
+    for example in sorted(examples, key=lambda e: e.num_tokens):
+        if group and (len(group) + 1) * example.num_tokens > batch_tokens:
+            yield group
+            group = []
+        group.append(example)
+    if group:
+        yield group
+
+
+def causal_lm(model):
+    """The transformers causal LM inside a PeftModel, or the model itself."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def draft_logits(model, batch: Batch) -> torch.Tensor:
+    """The draft's logits at the batch's positions only: [positions, vocab], float32.
+
+    The LM head runs on the kept positions alone (for a 49k vocabulary that is most of the cost
+    saved). This assumes logits = lm_head(final hidden state), true of the Llama family that
+    early exit supports (Llama, Mistral, Qwen, SmolLM).
+    """
+    lm = causal_lm(model)
+    hidden = lm.get_decoder()(
+        input_ids=batch.input_ids.to(lm.device), attention_mask=batch.attention_mask.to(lm.device), use_cache=False
+    ).last_hidden_state  # [batch, seq, hidden]
+    picked = hidden[batch.rows.to(lm.device), batch.cols.to(lm.device)]  # [positions, hidden]
+    return lm.get_output_embeddings()(picked).float()  # [positions, vocab]
+
+
+def position_losses(draft_logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor,
+                    loss: str = "kl_topm") -> torch.Tensor:  # fmt: skip
+    """Per-position loss [positions] of draft logits [positions, vocab] against the target's top-m [positions, m]."""
+    draft_logprobs = torch.log_softmax(draft_logits, dim=-1)  # [positions, vocab]
+    draft_at_topk = draft_logprobs.gather(-1, target_topk_ids)  # [positions, m]
+    if loss == "ce_top1":
+        top1 = target_topk_logprobs.argmax(-1, keepdim=True)  # [positions, 1]
+        return -draft_at_topk.gather(-1, top1)[:, 0]
+    target_probs = torch.softmax(target_topk_logprobs, dim=-1)  # [positions, m], renormalised over the top-m
+    return (torch.xlogy(target_probs, target_probs) - target_probs * draft_at_topk).sum(-1)
+
+
+class DraftTrainer:
+    """A LoRA adapter on the draft and its optimiser.
+
+    Start from scratch (LoRA's B = 0, so the untrained adapter leaves the draft exactly as it was)
+    or, with `init_adapter`, from an adapter directory such as the champion's; then the adapter's
+    own shape (r, alpha, dropout, target modules) overrides `settings`.
+    """
+
+    def __init__(self, draft_model, settings: LoraSettings | None = None, *, init_adapter: str | Path | None = None,
+                 target_id: str = "target", draft_id: str = "draft") -> None:  # fmt: skip
+        settings = settings or LoraSettings()
+        if init_adapter is not None:
+            lora_config = LoraConfig.from_pretrained(str(init_adapter))
+            lora_config.inference_mode = False  # saved adapters say True: they would load frozen
+            settings = dataclasses.replace(settings, r=lora_config.r, alpha=lora_config.lora_alpha,
+                                           dropout=lora_config.lora_dropout,
+                                           target_modules=tuple(sorted(lora_config.target_modules)))  # fmt: skip
+        else:
+            lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                                     target_modules=list(settings.target_modules), bias="none",
+                                     task_type="CAUSAL_LM")  # fmt: skip
+        self.settings = settings
+        self.target_id = target_id
+        self.draft_id = draft_id
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # PEFT 0.21 asks transformers 5 for the deprecated `is_gradient_checkpointing`.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            torch.manual_seed(settings.seed)
+            self.model = get_peft_model(draft_model, lora_config)
+        self.model.eval()
+        trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        if not trainable or any("lora_" not in name for name in trainable):
+            raise AssertionError(f"only LoRA weights may train, found {[n for n in trainable if 'lora_' not in n][:3]}")
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._new_optimizer()
+        self.steps = 0
+        self.positions_trained = 0  # with repeats: a replayed example counts each time
+        self._records: dict[str, int] = {}  # request_id -> output positions, for records_used / tokens_used
+        self.init_adapter = str(init_adapter) if init_adapter is not None else None
+        self.parent_metadata: dict | None = None
+        if init_adapter is not None:
+            self.load(init_adapter)
+
+    @property
+    def records_used(self) -> int:
+        """Distinct records (request ids) trained on so far."""
+        return len(self._records)
+
+    @property
+    def tokens_used(self) -> int:
+        """Output positions of those distinct records."""
+        return sum(self._records.values())
+
+    def train_step(self, examples: Iterable[TrainingExample]) -> float:
+        """One optimiser step on these examples; returns the weighted mean loss over their positions.
+
+        With every weight 0 (say accepted_weight=0 and only accepted positions) it returns 0.0 and
+        does not step.
+        """
+        examples = [example for example in examples if example.num_positions]
+        if not examples:
+            raise ValueError("train_step needs at least one example with an output position")
+        settings = self.settings
+        total_weight = sum(float(self._weights(example.accepted).sum()) for example in examples)
+        if total_weight == 0:
+            return 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        self._private_layers_train(True)
+        total = 0.0
+        try:
+            for group in micro_batches(examples, settings.batch_tokens):
+                batch = collate(group)
+                losses = position_losses(draft_logits(self.model, batch), batch.target_topk_ids.to(self.model.device),
+                                         batch.target_topk_logprobs.to(self.model.device), settings.loss)  # fmt: skip
+                loss = (self._weights(batch.accepted).to(losses.device) * losses).sum() / total_weight
+                loss.backward()
+                total += float(loss.detach())
+        finally:
+            self._private_layers_train(False)
+        torch.nn.utils.clip_grad_norm_(self._params, settings.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        for example in examples:
+            self.positions_trained += example.num_positions
+            self._records.setdefault(example.request_id, example.num_positions)
+        return total
+
+    def save(self, adapter_dir: str | Path) -> Path:
+        """Write adapter_config.json + adapter_model.safetensors (PEFT) and adaptive_spec_adapter.json."""
+        adapter_dir = Path(adapter_dir)
+        self.model.save_pretrained(str(adapter_dir))
+        config = causal_lm(self.model).config
+        metadata = {
+            "format": METADATA_FORMAT,
+            "created_at": time.time(),
+            "target_id": self.target_id,
+            "draft_id": self.draft_id,
+            "draft_config": {key: getattr(config, key, None)
+                             for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")},  # fmt: skip
+            "settings": dataclasses.asdict(self.settings),
+            "init_adapter": self.init_adapter,
+            "steps": self.steps,
+            "records_used": self.records_used,
+            "tokens_used": self.tokens_used,
+            "positions_trained": self.positions_trained,
+        }
+        (adapter_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        return adapter_dir
+
+    def load(self, adapter_dir: str | Path) -> None:
+        """Replace the adapter's weights by those saved in adapter_dir; the optimiser starts afresh.
+
+        ValueError if the adapter's shape differs from this trainer's (rank, alpha, modules) or
+        its weights do not cover every LoRA layer.
+        """
+        adapter_dir = Path(adapter_dir)
+        saved = LoraConfig.from_pretrained(str(adapter_dir))
+        ours = self.model.peft_config["default"]
+        shape = ("r", "lora_alpha", "target_modules")
+        mismatched = [(f, getattr(saved, f), getattr(ours, f)) for f in shape if getattr(saved, f) != getattr(ours, f)]
+        if mismatched:
+            raise ValueError(f"adapter {adapter_dir} does not fit this trainer: (field, saved, ours) {mismatched}")
+        result = set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir), device="cpu"))
+        missing = [key for key in result.missing_keys if "lora_" in key]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"adapter {adapter_dir} does not match the draft: missing {missing[:3]}, "
+                             f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
+        self.parent_metadata = read_metadata(adapter_dir)
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self._params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+
+    def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
+        """[positions] float32 from [positions] bool."""
+        return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()
+
+    def _private_layers_train(self, mode: bool) -> None:
+        """Train mode (LoRA dropout) on the draft's own layers only, never on modules it shares with the target."""
+        for layer in decoder_layers(causal_lm(self.model)):
+            layer.train(mode)
+
+
+def read_metadata(adapter_dir: str | Path) -> dict | None:
+    """The adaptive_spec_adapter.json of an adapter directory, or None if it has none."""
+    path = Path(adapter_dir) / METADATA_FILE
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,133 @@
+"""The evaluation gate: is a candidate adapter better than the champion on held-out recent traffic?
+
+    champion = draft_agreement(trainer.model, holdout.records)          # before training, or the served adapter
+    with adapters_disabled(trainer.model):
+        base = draft_agreement(trainer.model, holdout.records)          # the draft with no adapter
+    ...train...
+    candidate = draft_agreement(trainer.model, holdout.records)
+    accept, reason = Gate().decide(candidate, champion)
+
+Run its tests: `.venv/bin/python -m pytest tests/trainer/test_gate.py -q`.
+
+Both figures are teacher-forced over the held-out records: the draft reads the context the target
+saw and is scored at every output position, with no generation and no target forward (the record
+holds the target's top-m).
+
+- greedy_match = mean over positions of [argmax draft logits == the target's top-1]. Under greedy
+  serving a drafted token is accepted exactly when this holds, so it is the per-token acceptance
+  of greedy decoding.
+- expected_acceptance = mean over positions of sum over the target's top-m ids i of
+  min(q(i), p_t(i)), with q the draft's softmax and p_t = exp(logged logprob), not renormalised.
+  Sum over the whole vocabulary, this is the probability that rejection sampling at temperature 1
+  accepts a drafted token (Leviathan et al. 2023, "beta"). The ids outside the top-m are missing
+  from the sum and every term is >= 0, so the figure is a lower bound; the gap is at most the
+  target's mass outside its top-m (1 - sum of p_t), tiny at m = 16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+from adaptive_spec.record import CorrectionRecord
+from trainer.distill import TrainingExample, collate, draft_logits, examples_from_record, micro_batches
+
+
+@dataclass(frozen=True)
+class GateFigures:
+    """Agreement of one draft with the target over a held-out set; NaN figures when positions == 0."""
+
+    expected_acceptance: float  # mean sum_i min(q(i), p_t(i)) over the top-m: a lower bound
+    greedy_match: float  # fraction of positions where the draft's argmax is the target's top-1
+    positions: int  # output positions scored
+
+
+@torch.inference_mode()
+def draft_agreement(draft_model, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048,
+                    max_seq_len: int = 1024) -> GateFigures:  # fmt: skip
+    """Teacher-forced agreement of `draft_model` (plain, PEFT-wrapped, or with transformers-loaded
+    adapters, in whatever adapter state it is in) with the target's logged top-m."""
+    examples = [r if isinstance(r, TrainingExample) else examples_from_record(r, max_seq_len) for r in records]
+    examples = [example for example in examples if example.num_positions]
+    expected, matched, positions = 0.0, 0, 0
+    for group in micro_batches(examples, batch_tokens):
+        batch = collate(group)
+        logits = draft_logits(draft_model, batch)  # [positions, vocab]
+        topk_ids = batch.target_topk_ids.to(logits.device)  # [positions, m]
+        target_probs = batch.target_topk_logprobs.to(logits.device).exp()  # [positions, m], padding -> 0
+        draft_probs = torch.softmax(logits, dim=-1).gather(-1, topk_ids)  # [positions, m]
+        expected += float(torch.minimum(draft_probs, target_probs).sum())
+        target_top1 = topk_ids.gather(-1, batch.target_topk_logprobs.to(logits.device).argmax(-1, keepdim=True))[:, 0]
+        matched += int((logits.argmax(-1) == target_top1).sum())
+        positions += len(target_top1)
+    if positions == 0:
+        return GateFigures(math.nan, math.nan, 0)
+    return GateFigures(expected / positions, matched / positions, positions)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model) -> Iterator[None]:
+    """Run the base draft: PEFT's disable_adapter() for a PeftModel; for a model with adapters
+    injected in place (transformers' load_adapter) every LoRA layer is switched off and then back
+    to its own previous state; nothing to do for a plain model."""
+    if isinstance(model, PeftModel):
+        with model.disable_adapter():
+            yield
+        return
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    were_disabled = [layer.disable_adapters for layer in layers]
+    requires_grad = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer, disabled in zip(layers, were_disabled):
+            layer.enable_adapters(not disabled)
+        for parameter, flag in requires_grad:  # PEFT's enable_adapters(True) marks adapters trainable
+            parameter.requires_grad_(flag)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Promote a candidate only when it clearly beats the champion on the same held-out positions.
+
+    Accept iff all hold:
+      1. both figures come from the same held-out set (equal `positions`), and there are at least
+         `min_positions` of them;
+      2. candidate.greedy_match >= champion.greedy_match + margin;
+      3. candidate.expected_acceptance >= champion.expected_acceptance (not worse under sampling).
+
+    Why these defaults: the figures are paired (same positions), so the noise in the difference
+    comes only from the positions where the two drafts disagree. With a fraction d of such
+    positions over n, its standard error is about sqrt(d / n): 0.01 at d = 0.1, n = 1000. A margin
+    of 0.01 at >= 1000 positions (about 16 records of 64 tokens) thus asks for roughly one standard
+    error of real gain; this refuses a copy of the champion and noise-level changes while letting
+    the steady gains of online training through (DESIGN.md: 0.02 -> 0.63 in 2 minutes).
+    """
+
+    min_positions: int = 1000
+    margin: float = 0.01
+
+    def decide(self, candidate: GateFigures, champion: GateFigures) -> tuple[bool, str]:
+        if candidate.positions != champion.positions:
+            return False, (f"figures come from different held-out sets ({candidate.positions} vs "
+                           f"{champion.positions} positions)")  # fmt: skip
+        if candidate.positions < self.min_positions:
+            return False, f"only {candidate.positions} held-out positions, need {self.min_positions}"
+        gain = candidate.greedy_match - champion.greedy_match
+        if not gain >= self.margin:
+            return False, (f"greedy match {candidate.greedy_match:.4f} vs champion {champion.greedy_match:.4f}: "
+                           f"gain {gain:+.4f} below the margin {self.margin}")  # fmt: skip
+        if not candidate.expected_acceptance >= champion.expected_acceptance:
+            return False, (f"expected acceptance fell: {candidate.expected_acceptance:.4f} vs champion "
+                           f"{champion.expected_acceptance:.4f}")  # fmt: skip
+        return True, (f"greedy match {champion.greedy_match:.4f} -> {candidate.greedy_match:.4f} ({gain:+.4f}), "
+                      f"expected acceptance {champion.expected_acceptance:.4f} -> "
+                      f"{candidate.expected_acceptance:.4f} over {candidate.positions} positions")  # fmt: skip
