@@ -45,7 +45,7 @@ def test_at_least_five_prompts_run_the_full_length(baselines):
     assert sum(len(b.token_ids) == MAX_NEW for b in baselines) >= 5
 
 
-@pytest.mark.parametrize("k", [None, 3, 5])
+@pytest.mark.parametrize("k", [None, 4])
 def test_greedy_early_exit_equals_target(engine, prompts, baselines, k):
     for prompt, base in zip(prompts, baselines):
         out = engine.generate(prompt, MAX_NEW, k=k)
