@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -127,7 +128,8 @@ class Engine:
         self.target_id = target_id
         self.draft_id = draft_id or (draft if isinstance(draft, str) else getattr(self.drafter, "name", "model"))
         self.record_topk = record_topk
-        self.adapter_version: str | None = None
+        self.adapter_version: str | None = None  # None = the base draft
+        self._base_layers = None  # the draft's layers as built, kept to merge adapters onto
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
         self._request_lock = threading.Lock()  # one request at a time: caches are per engine
@@ -201,6 +203,46 @@ class Engine:
             return None
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    # ---------------------------------------------------------------- adapters
+
+    def load_adapter(self, path, version: str | None = None) -> float:
+        """Serve a LoRA adapter on the draft from now on; returns how long decoding was held (s).
+
+        The adapter is checked and merged into a new slot while requests keep decoding; only the
+        swap itself waits for the current step to end. A bad adapter raises `AdapterError` and
+        the served one stays. See `adapters.py`.
+        """
+        from adaptive_spec import adapters
+
+        drafter = self._adaptable_drafter()
+        config, tensors, metadata = adapters.read_adapter(path)
+        pairs = adapters.lora_pairs(config, tensors)
+        adapters.check(drafter.model, pairs)
+        slot = adapters.merge_into_slot(self._base_layers, pairs)
+        return self._swap_layers(slot, version or str(metadata.get("version", Path(path).name)))
+
+    def unload_adapter(self) -> float:
+        """Serve the base draft again."""
+        self._adaptable_drafter()
+        return self._swap_layers(self._base_layers, None)
+
+    def _adaptable_drafter(self) -> ModelDrafter:
+        if not isinstance(self.drafter, ModelDrafter):
+            from adaptive_spec.adapters import AdapterError
+
+            raise AdapterError("adapters need a model draft (early-exit:N or a separate model)")
+        if self._base_layers is None:
+            self._base_layers = self.drafter.model.model.layers
+        return self.drafter
+
+    def _swap_layers(self, layers, version: str | None) -> float:
+        with self.step_lock:
+            held = time.perf_counter()
+            self.drafter.model.model.layers = layers
+            self.drafter.invalidate()
+            self.adapter_version = version
+            return time.perf_counter() - held
+
     # ---------------------------------------------------------------- the loop
 
     def _decode(self, req: _Request) -> Iterator[Chunk]:
@@ -228,6 +270,7 @@ class Engine:
                 yield Chunk(emitted)
         trace.truncate(len(out))
         stats.wall_s = time.perf_counter() - started
+        stats.adapter_version = self.adapter_version  # the version at the end, if a swap came mid-request
         topk_ids, topk_logprobs = trace.stacked(len(out))
         output = GenerationOutput(out, _cut_at_stop(self.decode(out), req.stop), finish, stats,
                                   list(req.prompt_ids), trace.proposed, trace.accepted, topk_ids, topk_logprobs)

@@ -52,5 +52,9 @@ class ModelDrafter:
         probs = torch.stack(rows) if rows else None  # [k, vocab]
         return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), probs, forwards=k)
 
+    def invalidate(self) -> None:
+        """Forget the cache (its keys and values came from other weights); the next step re-feeds."""
+        self.cache = kv.new_cache(self.model)
+
     def rollback(self, valid_len: int) -> None:
         kv.rollback(self.cache, valid_len)

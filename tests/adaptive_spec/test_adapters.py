@@ -1,0 +1,126 @@
+"""Adapters on the draft: merged weights equal PEFT's, swaps stay lossless, bad ones are refused."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from adaptive_spec import Engine
+from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterError, sha256_file
+from adaptive_spec.drafters.early_exit import build_early_exit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import tiny_target  # noqa: E402
+
+MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPT = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_adapter(target, layers: int, path: Path, seed: int, rank: int = 4) -> torch.nn.Module:
+    """A random (non-zero) LoRA on a fresh early-exit draft, saved as the trainer saves it."""
+    torch.manual_seed(seed)
+    draft = build_early_exit(target, layers)
+    peft_model = get_peft_model(draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES,
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(path)
+    (path / CHECKSUM_FILE).write_text(sha256_file(path / WEIGHTS_FILE) + "\n")
+    return peft_model.eval()
+
+
+def draft_logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+def test_merged_adapter_equals_peft_runtime_and_leaves_target_alone(tmp_path):
+    target = tiny_target(0)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    peft_model = make_adapter(target, 2, tmp_path / "v1", seed=1)
+    engine = Engine(target, "early-exit:2")
+    base = draft_logits(engine.drafter.model, PROMPT)
+    pause = engine.load_adapter(tmp_path / "v1", "1")
+    assert engine.adapter_version == "1" and pause < 0.05
+    served = draft_logits(engine.drafter.model, PROMPT)
+    assert torch.allclose(served, draft_logits(peft_model, PROMPT), atol=1e-5)
+    assert not torch.allclose(served, base, atol=1e-3), "the adapter must change the draft"
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+    engine.unload_adapter()
+    assert engine.adapter_version is None
+    assert torch.equal(draft_logits(engine.drafter.model, PROMPT), base)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_swap_between_steps_keeps_the_output_lossless(tmp_path, temperature):
+    target = tiny_target(1)
+    make_adapter(target, 2, tmp_path / "v1", seed=2)
+    make_adapter(target, 2, tmp_path / "v2", seed=3)
+    engine = Engine(target, "early-exit:2", eos_token_id=[])
+    baseline = engine.generate(PROMPT, 40, speculative=False).token_ids
+    tokens, swaps = [], 0
+    for i, chunk in enumerate(engine.stream(PROMPT, max_new_tokens=40, k=3, temperature=temperature, seed=5)):
+        tokens += chunk.token_ids
+        if i in (2, 5):  # a swap lands between two decoding steps of this request
+            engine.load_adapter(tmp_path / f"v{1 + swaps}", str(1 + swaps))
+            swaps += 1
+    assert swaps == 2 and engine.adapter_version == "2"
+    assert chunk.output.stats.adapter_version == "2"
+    if temperature == 0.0:
+        assert tokens == baseline
+    else:  # same seed, same adapters swapped at the same steps: reproducible
+        again = Engine(target, "early-exit:2", eos_token_id=[])
+        replay = []
+        for i, chunk in enumerate(again.stream(PROMPT, max_new_tokens=40, k=3, temperature=temperature, seed=5)):
+            replay += chunk.token_ids
+            if i in (2, 5):
+                again.load_adapter(tmp_path / f"v{1 + (i == 5)}")
+        assert replay == tokens
+
+
+def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
+    target = tiny_target(2)
+    make_adapter(target, 2, tmp_path / "good", seed=4)
+    engine = Engine(target, "early-exit:2")
+    engine.load_adapter(tmp_path / "good", "7")
+    served = draft_logits(engine.drafter.model, PROMPT)
+
+    corrupt = tmp_path / "corrupt"
+    make_adapter(target, 2, corrupt, seed=5)
+    data = bytearray((corrupt / WEIGHTS_FILE).read_bytes())
+    data[-10] ^= 0xFF
+    (corrupt / WEIGHTS_FILE).write_bytes(bytes(data))
+
+    too_deep = tmp_path / "too-deep"  # trained on a 3-layer draft: layer 2 does not exist in ours
+    make_adapter(target, 3, too_deep, seed=6)
+
+    other_shape = tmp_path / "other-shape"  # another model's hidden size
+    from tiny import llama
+    make_adapter(llama(7, layers=4, hidden=32), 2, other_shape, seed=7)
+
+    no_checksum_garbage = tmp_path / "garbage"
+    no_checksum_garbage.mkdir()
+    (no_checksum_garbage / "adapter_config.json").write_text("{not json")
+    (no_checksum_garbage / WEIGHTS_FILE).write_bytes(b"junk")
+
+    cases = {corrupt: "checksum", too_deep: "no such linear", other_shape: "module is",
+             tmp_path / "missing": "not an adapter directory", no_checksum_garbage: "unreadable"}
+    for path, phrase in cases.items():
+        with pytest.raises(AdapterError, match=phrase):
+            engine.load_adapter(path)
+        assert engine.adapter_version == "7"
+        assert torch.equal(draft_logits(engine.drafter.model, PROMPT), served)
+
+
+def test_adapters_need_a_model_draft():
+    engine = Engine(tiny_target(0), "ngram")
+    with pytest.raises(AdapterError, match="model draft"):
+        engine.unload_adapter()
