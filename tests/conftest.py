@@ -11,14 +11,8 @@ always runs locally, whatever $REDIS_URL says.
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,105 +21,14 @@ import pytest
 import redis
 
 from adaptive_spec.record import CorrectionRecord
-
-_running: set[RedisServer] = set()  # stopped at exit too, in case a fixture's teardown never ran
-
-
-class RedisServer:
-    """A redis-server child process on 127.0.0.1 with no persistence, controllable by the test."""
-
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            pytest.fail(
-                "redis-server is not installed; the Redis tests need a real server "
-                "(Debian: apt-get install redis-server), or set REDIS_URL to a disposable database",
-                pytrace=False,
-            )
-        self.workdir = workdir
-        self.port = port or _free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 5.0) -> None:
-        assert self.process is None, "already running"
-        log_path = self.workdir / f"redis-{self.port}.log"
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(self.workdir), "--logfile", str(log_path)]  # fmt: skip
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        _running.add(self)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    log = log_path.read_text() if log_path.exists() else ""
-                    self.process = None
-                    raise RuntimeError(f"redis-server on port {self.port} exited at start:\n{log[-2000:]}")
-                try:
-                    if client.ping():
-                        return
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError(f"redis-server on port {self.port} did not answer PING in {timeout} s")
-                    time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        """Stop the process this object started (by its pid) and wait for it."""
-        self.resume()
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-            self.process = None
-        _running.discard(self)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP: the port still accepts connections but nothing answers, like a stalled Redis."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
+from service.local_redis import RedisNotInstalled, RedisServer, started_server
 
 
-@atexit.register
-def _stop_leftovers() -> None:
-    for server in list(_running):
-        server.stop()
-
-
-def _started_server(workdir: Path) -> RedisServer:
-    """Start a server on a free port, trying again if another process took the port first."""
-    for attempt in range(3):
-        server = RedisServer(workdir)
-        try:
-            server.start()
-            return server
-        except RuntimeError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def _server(workdir: Path) -> RedisServer:
+    try:
+        return started_server(workdir)
+    except RedisNotInstalled as exc:  # the suite needs a real server: fail loudly, never skip
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +37,7 @@ def redis_url() -> Iterator[str]:
         yield os.environ["REDIS_URL"]
         return
     with tempfile.TemporaryDirectory(prefix="adaptive-spec-redis-") as workdir:
-        server = _started_server(Path(workdir))
+        server = _server(Path(workdir))
         try:
             yield server.url
         finally:
@@ -154,7 +57,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A started private redis-server that the test may stop(), pause() and restart() on its port."""
-    server = _started_server(tmp_path)
+    server = _server(tmp_path)
     try:
         yield server
     finally:
