@@ -1,7 +1,9 @@
 """LoRA adapters on the draft: checked, merged into a fresh slot, swapped between steps.
 
 An adapter is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`),
-as the trainer writes it, plus `adaptive_spec_adapter.json` (metadata) and `checksum.sha256`.
+as the trainer writes it, plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256`, and
+optionally `draft_vocab.json`: the tokens recent traffic used, to which the draft's LM head is
+restricted while this adapter is served (see `ModelDrafter.restrict_vocab`).
 
 Loading never touches the layers being served:
 
@@ -34,6 +36,7 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 METADATA_FILE = "adaptive_spec_adapter.json"
 CHECKSUM_FILE = "checksum.sha256"
+VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 
@@ -127,3 +130,17 @@ def merge_into_slot(base_layers: nn.ModuleList, pairs) -> nn.ModuleList:
             delta = (lora_b.float() @ lora_a.float()) * scaling  # [out, in]
             linear.weight += delta.to(device=linear.weight.device, dtype=linear.weight.dtype)
     return slot.requires_grad_(False)
+
+
+def read_vocab(path: str | Path, vocab_size: int) -> list[int] | None:
+    """The adapter's draft vocabulary, or None when it ships none."""
+    file = Path(path) / VOCAB_FILE
+    if not file.is_file():
+        return None
+    try:
+        ids = json.loads(file.read_text())["token_ids"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise AdapterError(f"{file}: unreadable draft vocabulary: {exc}") from None
+    if not ids or not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
+        raise AdapterError(f"{file}: token_ids must be a non-empty list of ids in [0, {vocab_size})")
+    return ids

@@ -24,6 +24,30 @@ class ModelDrafter:
         self.name = name
         self.cache = None
         self.device = next(model.parameters()).device
+        self.vocab: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
+        self._head_rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
+        self._full_vocab = model.get_output_embeddings().weight.shape[0]
+
+    def restrict_vocab(self, token_ids) -> None:
+        """Propose only these tokens (None: any), computing just their rows of the LM head.
+
+        The default model's head has 49152 rows, about a third of an `early-exit:4` step. Traffic
+        of one kind uses far fewer tokens: restricted to the 1,200 a domain's records used, the head
+        costs 1/40 of that. It stays lossless: the target still verifies every token, and a token
+        outside the set is simply never proposed (under sampling, the draft's distribution is the
+        restricted one, which rejection sampling corrects like any other).
+        """
+        if token_ids is None:
+            self.vocab = self._head_rows = None
+            return
+        vocab = torch.as_tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long, device=self.device)
+        if vocab.numel() == 0 or int(vocab[0]) < 0 or int(vocab[-1]) >= self._full_vocab:
+            raise ValueError(f"a draft vocabulary must be non-empty ids in [0, {self._full_vocab})")
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("restricting the vocabulary needs an LM head without bias")
+        self._head_rows = head.weight[vocab].contiguous()
+        self.vocab = vocab
 
     @torch.inference_mode()
     def reset(self, context: list[int]) -> None:
@@ -39,18 +63,31 @@ class ModelDrafter:
         feed = context[kv.cache_len(self.cache):]
         tokens, rows = [], []
         for _ in range(k):
-            logits = self.model(input_ids=torch.tensor([feed], device=self.device), past_key_values=self.cache,
-                                use_cache=True, logits_to_keep=1).logits[0]  # [1, vocab]
+            logits = self._next_logits(feed)  # [1, n_vocab]
             if params.greedy:
-                token = int(logits[-1].argmax())
+                choice = int(logits[-1].argmax())
             else:
-                probs = logits_to_probs(logits, params)  # [1, vocab]
-                token = int(sample(probs, generator)[0])
-                rows.append(probs[0])
+                probs = logits_to_probs(logits, params)  # [1, n_vocab]
+                choice = int(sample(probs, generator)[0])
+                rows.append(self._to_full_vocab(probs[0]))
+            token = choice if self.vocab is None else int(self.vocab[choice])
             tokens.append(token)
             feed = [token]
         probs = torch.stack(rows) if rows else None  # [k, vocab]
         return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), probs, forwards=k)
+
+    def _next_logits(self, feed: list[int]) -> torch.Tensor:
+        """Logits after `feed` ([1, vocab], or [1, n_vocab] over the restricted vocabulary)."""
+        inputs = torch.tensor([feed], device=self.device)
+        if self.vocab is None:
+            return self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
+        hidden = self.model.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).last_hidden_state
+        return hidden[0, -1:] @ self._head_rows.T  # [1, n_vocab]
+
+    def _to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        if self.vocab is None:
+            return probs
+        return torch.zeros(self._full_vocab, dtype=probs.dtype, device=probs.device).index_copy_(0, self.vocab, probs)
 
     def invalidate(self) -> None:
         """Forget the cache (its keys and values came from other weights); the next step re-feeds."""

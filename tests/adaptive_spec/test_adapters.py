@@ -1,5 +1,6 @@
 """Adapters on the draft: merged weights equal PEFT's, swaps stay lossless, bad ones are refused."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -124,3 +125,34 @@ def test_adapters_need_a_model_draft():
     engine = Engine(tiny_target(0), "ngram")
     with pytest.raises(AdapterError, match="model draft"):
         engine.unload_adapter()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_restricted_draft_vocabulary_stays_lossless_and_only_proposes_its_tokens(tmp_path, temperature):
+    target = tiny_target(3)
+    path = tmp_path / "v1"
+    make_adapter(target, 2, path, seed=8)
+    engine = Engine(target, "early-exit:2", eos_token_id=[])
+    baseline = engine.generate(PROMPT, 40, speculative=False).token_ids
+    vocab = sorted(set(baseline[:20]) | {0, 1})  # what "recent traffic" used: some tokens of this output
+    (path / "draft_vocab.json").write_text(json.dumps({"token_ids": vocab}))
+    engine.load_adapter(path, "1")
+    out = engine.generate(PROMPT, 40, k=3, temperature=temperature, seed=11)
+    proposed = [t for t in out.proposed if t >= 0]
+    assert proposed and set(proposed) <= set(vocab)
+    if temperature == 0.0:
+        assert out.token_ids == baseline
+        assert out.stats.accepted > 0, "the restricted draft still agrees where its tokens are right"
+    engine.unload_adapter()
+    assert engine.drafter.vocab is None
+
+
+def test_a_bad_draft_vocabulary_is_refused(tmp_path):
+    target = tiny_target(3)
+    path = tmp_path / "v1"
+    make_adapter(target, 2, path, seed=8)
+    (path / "draft_vocab.json").write_text(json.dumps({"token_ids": [1, 2, 10**6]}))
+    engine = Engine(target, "early-exit:2")
+    with pytest.raises(AdapterError, match="token_ids"):
+        engine.load_adapter(path)
+    assert engine.adapter_version is None and engine.drafter.vocab is None
