@@ -35,22 +35,27 @@ from adaptive_spec.prompts import PromptItem
 
 
 def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: int | None,
-              temperature: float = 0.0, dtype: str = "auto", progress: bool = True) -> dict:
+              temperature: float = 0.0, dtype: str = "auto", progress: bool = True, hf: bool = True,
+              desc: str = "bench") -> dict:
+    """The figures of one run; `hf=False` times only the target alone and ours (no HF keys)."""
     prompts = [engine.encode_prompt(item.prompt) for item in items]
-    paths = ("target", "spec", "hf_assisted", "hf_target")
+    paths = ("target", "spec", "hf_assisted", "hf_target") if hf else ("target", "spec")
     tokens = dict.fromkeys(paths, 0)
     seconds = dict.fromkeys(paths, 0.0)
     drafted = accepted = emitted = forwards = 0
     identical = hf_identical = 0
     sampling = dict(temperature=temperature, seed=0)
 
-    _warm_up(engine, prompts[0], k, temperature)
-    for ids in tqdm(prompts, desc="bench", unit="prompt", disable=not progress, file=sys.stderr):
+    _warm_up(engine, prompts[0], k, temperature, hf)
+    for ids in tqdm(prompts, desc=desc, unit="prompt", disable=not progress, file=sys.stderr):
         base = _timed(lambda: engine.generate(ids, max_new_tokens, speculative=False, **sampling))
         ours = _timed(lambda: engine.generate(ids, max_new_tokens, k=k, **sampling))
-        hf = _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, assisted=True))
-        hf_plain = _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, assisted=False))
-        for path, (result, elapsed) in zip(paths, (base, ours, hf, hf_plain)):
+        runs = [base, ours]
+        if hf:
+            runs.append(hf_run := _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, True)))
+            runs.append(_timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, False)))
+            hf_identical += hf_run[0] == base[0].token_ids
+        for path, (result, elapsed) in zip(paths, runs):
             tokens[path] += len(result if isinstance(result, list) else result.token_ids)
             seconds[path] += elapsed
         out = ours[0]
@@ -59,23 +64,18 @@ def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: i
         emitted += out.stats.emitted
         forwards += out.stats.target_forwards
         identical += out.token_ids == base[0].token_ids
-        hf_identical += hf[0] == base[0].token_ids
 
     rate = {path: tokens[path] / seconds[path] for path in paths}
     greedy = temperature == 0.0
-    return {
+    figures = {
         "target_tok_s": rate["target"],
         "spec_tok_s": rate["spec"],
-        "hf_assisted_tok_s": rate["hf_assisted"],
-        "hf_target_tok_s": rate["hf_target"],
         "speedup_vs_target": rate["spec"] / rate["target"],
-        "speedup_vs_hf": rate["spec"] / rate["hf_assisted"],
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_acceptance_length": emitted / forwards if forwards else None,
         "target_forwards_per_token": forwards / emitted if emitted else None,
         "identical": identical == len(prompts) if greedy else None,
         "identical_prompts": identical if greedy else None,
-        "hf_identical_prompts": hf_identical if greedy else None,
         "drafted": drafted,
         "accepted": accepted,
         "prompts": len(prompts),
@@ -87,8 +87,12 @@ def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: i
         "device": str(engine.device),
         "temperature": temperature,
         "torch_threads": torch.get_num_threads(),
-        "hf_peer": _hf_peer_description(engine, k),
     }
+    if hf:
+        figures.update(hf_assisted_tok_s=rate["hf_assisted"], hf_target_tok_s=rate["hf_target"],
+                       speedup_vs_hf=rate["spec"] / rate["hf_assisted"],
+                       hf_identical_prompts=hf_identical if greedy else None, hf_peer=_hf_peer_description(engine, k))
+    return figures
 
 
 def format_report(figures: dict) -> str:
@@ -116,11 +120,12 @@ def _timed(fn):
     return result, time.perf_counter() - started
 
 
-def _warm_up(engine: Engine, ids: list[int], k: int | None, temperature: float) -> None:
+def _warm_up(engine: Engine, ids: list[int], k: int | None, temperature: float, hf: bool) -> None:
     engine.generate(ids, 4, speculative=False, temperature=temperature, seed=0)
     engine.generate(ids, 4, k=k, temperature=temperature, seed=0)
-    _hf_generate(engine, ids, 4, k, temperature, assisted=True)
-    _hf_generate(engine, ids, 4, k, temperature, assisted=False)
+    if hf:
+        _hf_generate(engine, ids, 4, k, temperature, assisted=True)
+        _hf_generate(engine, ids, 4, k, temperature, assisted=False)
 
 
 def _hf_peer_description(engine: Engine, k: int | None) -> str:

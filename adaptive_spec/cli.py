@@ -2,6 +2,7 @@
 
     adaptive-spec generate "Write a haiku about rivers."       # one prompt, streamed
     adaptive-spec bench --json bench.json                      # target vs speculative vs HF peer
+    adaptive-spec bench-drift --domain sql --json drift.json   # before/after online training
 
 Run `adaptive-spec COMMAND --help` for each command's options.
 """
@@ -86,6 +87,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     _model_options(bench)
     bench.set_defaults(func=cmd_bench)
+
+    drift = commands.add_parser(
+        "bench-drift", help="acceptance and speed on a domain before and after online training on its traffic",
+        description="Measure acceptance and speed on held-out prompts of a domain, serve the domain's traffic "
+                    "prompts with correction records going to Redis while the trainer learns a LoRA adapter for "
+                    "the draft, then measure the same held-out prompts again. Starts a loopback redis-server "
+                    "unless REDIS_URL is set.")
+    drift.add_argument("--domain", default="json_extraction",
+                       help="a shipped prompt set: json_extraction, sql, python, casual_chat (default: %(default)s)")
+    drift.add_argument("--prompts", type=Path, help="a JSONL prompt file instead of a shipped domain; split internally")
+    drift.add_argument("--budget-minutes", type=float, default=30.0, help="bound on the whole run (default: %(default)s)")
+    drift.add_argument("--eval-prompts", type=_positive_int, default=24,
+                       help="held-out prompts measured before and after (default: %(default)s)")
+    drift.add_argument("--train-tail-s", type=float, default=120.0,
+                       help="seconds of training allowed after the traffic ends (default: %(default)s)")
+    drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    _model_options(drift)
+    drift.set_defaults(func=cmd_bench_drift)
     return parser
 
 
@@ -98,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from adaptive_spec.models import ModelLoadError
     from adaptive_spec.prompts import PromptFileError
     from adaptive_spec.drafters.early_exit import DraftSpecError
+    from service.local_redis import RedisNotInstalled
 
     try:
         return args.func(args) or 0
-    except (InputError, ModelLoadError, PromptFileError, DraftSpecError) as exc:
+    except (InputError, ModelLoadError, PromptFileError, DraftSpecError, RedisNotInstalled, ValueError) as exc:
         print(f"adaptive-spec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -182,6 +202,51 @@ def cmd_bench(args) -> int:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"figures written to {args.json}", file=sys.stderr)
     return 0 if figures["identical"] in (True, None) else 1
+
+
+def cmd_bench_drift(args) -> int:
+    from adaptive_spec.models import data_dir
+    from adaptive_spec.prompts import load_prompts, shipped
+    from trainer.bench_drift import DriftSettings, format_report, run_drift, temporary_workdir
+
+    if args.budget_minutes <= 0:
+        raise_input("--budget-minutes must be positive")
+    items = load_prompts(args.prompts or shipped(args.domain))
+    domain = args.prompts.stem if args.prompts else args.domain
+    settings = DriftSettings(budget_minutes=args.budget_minutes, eval_prompts=args.eval_prompts,
+                             max_new_tokens=args.max_new_tokens, k=args.k, train_tail_s=args.train_tail_s)
+    engine = _load_engine(args)
+    workdir = temporary_workdir(data_dir())
+    with _redis_url(workdir) as redis_url:
+        try:
+            figures = run_drift(engine, items, domain, settings, redis_url, workdir)
+        finally:
+            print(f"adapters and logs kept in {workdir}", file=sys.stderr)
+    print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"figures written to {args.json}", file=sys.stderr)
+    return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
+
+
+class _redis_url:
+    """REDIS_URL when set; else a loopback redis-server started here and stopped on exit."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.server = workdir, None
+
+    def __enter__(self) -> str:
+        if os.environ.get("REDIS_URL"):
+            return os.environ["REDIS_URL"]
+        from service.local_redis import started_server
+
+        self.server = started_server(self.workdir)
+        print(f"started redis-server on {self.server.url} (pid {self.server.process.pid})", file=sys.stderr)
+        return self.server.url
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""`adaptive-spec bench-drift`: acceptance and speed on a domain before and after online training.
+
+    adaptive-spec bench-drift --domain json_extraction --budget-minutes 30 --json drift.json
+    adaptive-spec bench-drift --domain sql --budget-minutes 8 --eval-prompts 8    # a quick look
+
+The run, within `--budget-minutes` in all:
+
+1. Split the domain's prompts (a shipped set, or `--prompts FILE.jsonl`) into held-out
+   evaluation prompts and traffic prompts, deterministically. Evaluation prompts are never
+   served as traffic, so nothing is trained on them.
+2. Before: on the evaluation prompts, time the target alone and speculative decoding with the
+   starting draft, interleaved (`bench.run_bench` without the HF paths).
+3. Traffic: serve the traffic prompts through the engine, each leaving a correction record in a
+   real Redis stream (a loopback redis-server is started unless REDIS_URL is set). Meanwhile
+   an `OnlineTrainer` consumes the stream through its consumer group, trains a LoRA adapter
+   on its own copy of the draft, gates each candidate on its held-out records, and every
+   promoted adapter is loaded into the serving engine at once.
+4. After: the same measurement as 2, with the last promoted adapter.
+
+Traffic and training share the machine: each gets one torch thread during phase 3; the two
+measurements use all threads, with the trainer stopped, so before and after are comparable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from adaptive_spec.bench import run_bench
+from adaptive_spec.drafters.early_exit import DraftSpecError, build_early_exit
+from adaptive_spec.engine import Engine
+from adaptive_spec.prompts import PromptItem
+from adaptive_spec.record import CORRECTION_STREAM, record_from_output
+
+log = logging.getLogger(__name__)
+
+PHASE_KEYS = ("acceptance_rate", "mean_acceptance_length", "speedup_vs_target", "identical")
+
+
+@dataclass
+class DriftSettings:
+    budget_minutes: float = 30.0
+    eval_prompts: int = 24
+    max_new_tokens: int = 64
+    k: int | None = None
+    train_tail_s: float = 120.0  # training may go on this long after the traffic ends
+    seed: int = 0
+
+
+def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
+    """(held-out evaluation, traffic): a seeded shuffle, the first `eval_count` held out."""
+    if len(items) < eval_count + 8:
+        raise ValueError(f"need at least {eval_count + 8} prompts for {eval_count} held-out ones plus traffic, "
+                         f"got {len(items)}")
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order[:eval_count], order[eval_count:]
+
+
+def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: DriftSettings, redis_url: str,
+              workdir: Path, progress: bool = True) -> dict:
+    import redis
+
+    from service.correction_log import CorrectionLogWriter
+    from trainer.online import OnlineTrainer
+    from trainer.stream import CorrectionStream
+
+    started = time.monotonic()
+    deadline = started + settings.budget_minutes * 60
+    layers = _early_exit_layers(engine.draft_id)
+    held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
+
+    before = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress,
+                       desc="before")
+    eval_s = time.monotonic() - started
+    # Leave room for the second measurement (it may run slower with a larger k) and the write-up.
+    traffic_deadline = deadline - 1.3 * eval_s - 15
+
+    stream_name = CORRECTION_STREAM if os.environ.get("REDIS_URL") is None else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
+    writer = CorrectionLogWriter(redis_url, stream=stream_name)
+    client = redis.Redis.from_url(redis_url)
+    stream = CorrectionStream(client, stream=stream_name, consumer="bench-drift-trainer")
+    stream.ensure_group()
+    swaps: list[float] = []
+
+    def promote(version) -> None:
+        swaps.append(engine.load_adapter(version.path, str(version.version)))
+
+    trainer = OnlineTrainer(build_early_exit(engine.target, layers), stream, workdir / "adapters",
+                            target_id=engine.target_id, draft_id=engine.draft_id, on_promote=promote)
+    stop = threading.Event()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    worker = threading.Thread(target=_train, args=(trainer, stop, deadline), name="trainer", daemon=True)
+    worker.start()
+    served = 0
+    engine.record_topk = 16
+    try:
+        bar = tqdm(traffic, desc="traffic", unit="prompt", disable=not progress, file=sys.stderr)
+        for item in bar:
+            if time.monotonic() > traffic_deadline:
+                break
+            out = engine.generate(item.prompt, settings.max_new_tokens, k=settings.k)
+            writer.submit(record_from_output(out, request_id=uuid.uuid4().hex, created_at=time.time(),
+                                             domain=item.domain or domain, target_id=engine.target_id,
+                                             draft_id=engine.draft_id, temperature=0.0))
+            served += 1
+            bar.set_postfix(adapter=engine.adapter_version or "base", promoted=trainer.adapters_promoted,
+                            consumed=trainer.records_consumed)
+        tail_end = min(time.monotonic() + settings.train_tail_s, traffic_deadline)
+        while time.monotonic() < tail_end and worker.is_alive():
+            time.sleep(1.0)
+    finally:
+        engine.record_topk = 0
+        stop.set()
+        worker.join()
+        torch.set_num_threads(threads)
+        writer.close(timeout=5)
+        if stream_name != CORRECTION_STREAM:
+            client.delete(stream_name)
+        client.close()
+
+    after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress,
+                      desc="after")
+    return {
+        "domain": domain,
+        "before": {key: before[key] for key in PHASE_KEYS} | _extras(before),
+        "after": {key: after[key] for key in PHASE_KEYS} | _extras(after),
+        "records_consumed": trainer.records_consumed,
+        "tokens_consumed": trainer.tokens_consumed,
+        "train_s": trainer.train_s,
+        "adapters_promoted": trainer.adapters_promoted,
+        "budget_minutes": settings.budget_minutes,
+        "elapsed_minutes": (time.monotonic() - started) / 60,
+        "traffic_prompts_served": served,
+        "eval_prompts": len(held_out),
+        "adapter_version": engine.adapter_version,
+        "swap_pause_ms_max": max(swaps) * 1000 if swaps else None,
+        "records_written": writer.written,
+        "records_dropped": writer.dropped,
+        "target": engine.target_id,
+        "draft": engine.draft_id,
+        "k": settings.k if settings.k is not None else "dynamic",
+        "max_new_tokens": settings.max_new_tokens,
+    }
+
+
+def _extras(figures: dict) -> dict:
+    return {key: figures[key] for key in ("target_tok_s", "spec_tok_s", "drafted", "accepted")}
+
+
+def _train(trainer, stop: threading.Event, deadline: float) -> None:
+    torch.set_num_threads(1)
+    try:
+        trainer.run(stop, budget_s=max(0.0, deadline - time.monotonic()))
+    except Exception:  # a dead trainer must not take the serving side with it; the figures will show it
+        log.exception("trainer stopped with an error")
+
+
+def _early_exit_layers(draft_id: str) -> int:
+    kind, _, arg = (draft_id or "").partition(":")
+    if kind != "early-exit" or not arg.isdigit():
+        raise DraftSpecError(f"bench-drift trains LoRA adapters on early-exit drafts; got draft {draft_id!r}")
+    return int(arg)
+
+
+def format_report(figures: dict) -> str:
+    b, a = figures["before"], figures["after"]
+
+    def f(value, fmt=".3f"):
+        return "n/a" if value is None else format(value, fmt)
+
+    return "\n".join([
+        f"domain {figures['domain']}: {figures['traffic_prompts_served']} traffic prompts served, "
+        f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
+        f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
+        f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
+        f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
+        f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
+        f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
+        f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
+        f"  identical to target    {b['identical']}     {a['identical']}",
+    ])
+
+
+def temporary_workdir(data_dir: Path) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="bench-drift-", dir=data_dir))
