@@ -66,6 +66,9 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self._examples)
 
+    def __iter__(self):
+        return iter(self._examples)
+
     @property
     def positions(self) -> int:
         """Output positions held now."""
