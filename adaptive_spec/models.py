@@ -92,12 +92,16 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     else:
         local = name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(local)
         model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
     except OSError as exc:  # missing directory, no such hub id, or the hub is unreachable
         raise ModelLoadError(
             f"could not load model {name!r}: {exc}. Pass a local directory, a .gguf file, a Hugging "
             f"Face id already in the local cache, or the built-in {DEFAULT_MODEL!r}.") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local)
+    except (OSError, ValueError, TypeError) as exc:  # a weights-only directory: prompts must be token ids
+        log.warning("no tokenizer for %s (%s); prompts must be token ids", name, exc)
+        tokenizer = None
     model.to(device).eval().requires_grad_(False)
     return model, tokenizer
 

@@ -56,6 +56,8 @@ class DriftSettings:
     k: int | None = None
     train_tail_s: float = 120.0  # training may go on this long after the traffic ends
     seed: int = 0
+    holdout_fraction: float = 0.2  # of traffic records, kept for the trainer's gate
+    gate_min_positions: int = 400
 
 
 def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
@@ -73,6 +75,8 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
     import redis
 
     from service.correction_log import CorrectionLogWriter
+    from trainer.buffer import HoldoutSplit
+    from trainer.gate import Gate
     from trainer.online import OnlineTrainer
     from trainer.stream import CorrectionStream
 
@@ -97,7 +101,11 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
     def promote(version) -> None:
         swaps.append(engine.load_adapter(version.path, str(version.version)))
 
+    # A benchmark sees minutes of traffic, not hours: a larger held-out share and a lower bar on
+    # held-out positions let the first round come after ~40 records rather than ~160.
     trainer = OnlineTrainer(build_early_exit(engine.target, layers), stream, workdir / "adapters",
+                            gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
+                            holdout=HoldoutSplit(fraction=settings.holdout_fraction),
                             target_id=engine.target_id, draft_id=engine.draft_id, on_promote=promote)
     stop = threading.Event()
     threads = torch.get_num_threads()

@@ -86,3 +86,10 @@ def test_clear_errors(engine):
         engine.generate([1] * engine.max_context, 8)
     with pytest.raises(InputError, match="role"):
         engine.generate([{"role": "wizard", "content": "hi"}], 8)
+
+
+def test_a_gguf_path_loads_the_same_model(engine, prompts, baselines):
+    from adaptive_spec.models import default_gguf_path
+
+    by_path = Engine.from_pretrained(target=str(default_gguf_path()), draft="ngram", device="cpu", dtype="fp32")
+    assert by_path.generate(prompts[0], 16, speculative=False).token_ids == baselines[0].token_ids[:16]

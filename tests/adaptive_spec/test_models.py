@@ -1,0 +1,40 @@
+"""Loading by name: local directories, errors, device and dtype (the default model: test_real_model)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from adaptive_spec import Engine
+from adaptive_spec.models import ModelLoadError, resolve_device, resolve_dtype
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import llama, tiny_target  # noqa: E402
+
+
+def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):
+    tiny_target(0).save_pretrained(tmp_path / "target")
+    llama(9, layers=1).save_pretrained(tmp_path / "draft")
+    engine = Engine.from_pretrained(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), device="cpu")
+    assert engine.tokenizer is None and engine.target_id == str(tmp_path / "target")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert engine.generate(prompt, 20, k=2).token_ids == engine.generate(prompt, 20, speculative=False).token_ids
+    plain = Engine(tiny_target(0), None, eos_token_id=engine.eos_ids).generate(prompt, 20, speculative=False)
+    assert engine.generate(prompt, 20, speculative=False).token_ids == plain.token_ids
+
+
+def test_missing_models_get_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="could not load model"):
+        Engine.from_pretrained(target=str(tmp_path / "nowhere"), device="cpu")
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        Engine.from_pretrained(target=str(tmp_path / "missing.gguf"), device="cpu")
+
+
+def test_auto_device_and_dtype():
+    device = resolve_device("auto")
+    assert device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int3", device)
