@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from adaptive_spec.models import ModelLoadError
     from adaptive_spec.prompts import PromptFileError
     from adaptive_spec.drafters.early_exit import DraftSpecError
-    from service.local_redis import RedisNotInstalled
+    from service.local_redis import RedisStartError
 
     try:
         return args.func(args) or 0
-    except (InputError, ModelLoadError, PromptFileError, DraftSpecError, RedisNotInstalled, ValueError) as exc:
+    except (InputError, ModelLoadError, PromptFileError, DraftSpecError, RedisStartError, ValueError) as exc:
         print(f"adaptive-spec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

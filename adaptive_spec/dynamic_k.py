@@ -106,8 +106,16 @@ class DynamicK:
             self.draft_s = _ema(self.draft_s, draft_s / draft_forwards, self.decay)
         if k:
             # The step is evidence on num_accepted successes and, if one was rejected, a failure.
+            # Weighted so that a draft which got better is noticed within a few probes: from
+            # alpha 0.05, two accepted one-token probes give 0.34, then 0.54, and k = 1 pays.
             trials = num_accepted + (num_accepted < k)
             observed = num_accepted / trials
-            weight = min(1.0, 0.25 * trials)
-            self.alpha = _ema(self.alpha, observed, weight * 0.5)
-            self.engine_alpha = _ema(self.engine_alpha, observed, weight * self.decay)
+            self.alpha = _ema(self.alpha, observed, min(0.5, 0.3 * trials))
+            self.engine_alpha = _ema(self.engine_alpha, observed, min(1.0, 0.25 * trials) * self.decay)
+
+    def new_draft(self, expected_alpha: float | None) -> None:
+        """The draft changed (an adapter swap): re-measure its cost, and start from what the
+        trainer measured on held-out traffic for it (its greedy match), when known."""
+        self.draft_s = None
+        if expected_alpha is not None:
+            self.engine_alpha = self.alpha = float(expected_alpha)

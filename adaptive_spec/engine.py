@@ -220,12 +220,13 @@ class Engine:
         adapters.check(drafter.model, pairs)
         vocab = adapters.read_vocab(path, self.vocab_size)
         slot = adapters.merge_into_slot(self._base_layers, pairs)
-        return self._swap_layers(slot, version or str(metadata.get("version", Path(path).name)), vocab)
+        gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
+        return self._swap_layers(slot, version or str(metadata.get("version", Path(path).name)), vocab, gated)
 
     def unload_adapter(self) -> float:
         """Serve the base draft again, over the full vocabulary."""
         self._adaptable_drafter()
-        return self._swap_layers(self._base_layers, None, None)
+        return self._swap_layers(self._base_layers, None, None, None)
 
     def _adaptable_drafter(self) -> ModelDrafter:
         if not isinstance(self.drafter, ModelDrafter):
@@ -236,12 +237,13 @@ class Engine:
             self._base_layers = self.drafter.model.model.layers
         return self.drafter
 
-    def _swap_layers(self, layers, version: str | None, vocab: list[int] | None) -> float:
+    def _swap_layers(self, layers, version: str | None, vocab: list[int] | None, expected_alpha: float | None) -> float:
         with self.step_lock:
             held = time.perf_counter()
             self.drafter.model.model.layers = layers
             self.drafter.restrict_vocab(vocab)
             self.drafter.invalidate()
+            self.policy.new_draft(expected_alpha)
             self.adapter_version = version
             return time.perf_counter() - held
 

@@ -22,7 +22,11 @@ from pathlib import Path
 import redis
 
 
-class RedisNotInstalled(RuntimeError):
+class RedisStartError(RuntimeError):
+    """redis-server could not be started here."""
+
+
+class RedisNotInstalled(RedisStartError):
     pass
 
 
@@ -38,7 +42,7 @@ class RedisServer:
             raise RedisNotInstalled(
                 "redis-server is not installed (Debian: apt-get install redis-server; `./run` does this), "
                 "or set REDIS_URL to a Redis you run")
-        self.workdir = workdir
+        self.workdir = Path(workdir).resolve()  # redis-server resolves --logfile after moving to --dir
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
 
@@ -60,14 +64,14 @@ class RedisServer:
                 if self.process.poll() is not None:
                     log = log_path.read_text() if log_path.exists() else ""
                     self.process = None
-                    raise RuntimeError(f"redis-server on port {self.port} exited at start:\n{log[-2000:]}")
+                    raise RedisStartError(f"redis-server on port {self.port} exited at start:\n{log[-2000:]}")
                 try:
                     if client.ping():
                         return
                 except redis.ConnectionError:
                     if time.monotonic() > deadline:
                         self.stop()
-                        raise RuntimeError(f"redis-server on port {self.port} did not answer PING in {timeout} s")
+                        raise RedisStartError(f"redis-server on port {self.port} did not answer PING in {timeout} s")
                     time.sleep(0.02)
         finally:
             client.close()
@@ -112,7 +116,7 @@ def started_server(workdir: Path) -> RedisServer:
         try:
             server.start()
             return server
-        except RuntimeError:
+        except RedisStartError:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")

@@ -186,3 +186,25 @@ def test_choose_never_exceeds_the_limit_or_k_max() -> None:
             for _ in range(4):  # crosses a probe when drafting does not pay
                 k = policy.choose(limit)
                 assert 0 <= k <= max(0, min(limit, k_max)), (draft_s, alpha, k_max, limit, k)
+
+
+def test_a_draft_that_got_better_is_noticed_within_a_few_probes() -> None:
+    policy = DynamicK()
+    policy.alpha = 0.05  # an untrained draft: plain decoding
+    assert policy.choose(8) == 0
+    for _ in range(2):  # two one-token probes, both accepted (the adapter improved the draft)
+        policy.observe(1, 1, 0.02, 1, 0.11)
+    assert policy.alpha > 0.5
+    assert policy.choose(8) >= 1
+
+
+def test_a_new_draft_starts_from_its_gated_acceptance_and_remeasures_its_cost() -> None:
+    policy = DynamicK()
+    policy.observe(2, 0, 0.06, 2, 0.12)
+    assert policy.draft_s == pytest.approx(0.03)
+    policy.new_draft(0.7)
+    assert policy.alpha == policy.engine_alpha == 0.7 and policy.draft_s is None
+    policy.start_request()
+    assert policy.alpha == 0.7 and policy.choose(8) >= 1
+    policy.new_draft(None)  # unknown: keep what was measured of acceptance
+    assert policy.alpha == 0.7
