@@ -99,10 +99,17 @@ class DynamicK:
                 return 1
         return best_k
 
-    def observe(self, k: int, num_accepted: int, draft_s: float, draft_forwards: int, verify_s: float) -> None:
-        """Fold in one step: k drafted, num_accepted kept, and the time each model took."""
+    def observe(self, k: int, num_accepted: int, draft_s: float, draft_forwards: int, verify_s: float,
+                catch_up: bool = False) -> None:
+        """Fold in one step: k drafted, num_accepted kept, and the time each model took.
+
+        `catch_up` marks a step whose first draft forward also fed context the draft had not
+        seen (after plain steps: up to `probe_every` tokens). Its time is not a draft step's
+        cost, so it is left out; counting it once made a trained draft look 3x dearer than it
+        is and kept the engine decoding plainly.
+        """
         self.verify_s[k] = _ema(self.verify_s.get(k), verify_s, self.decay)
-        if draft_forwards:
+        if draft_forwards and not catch_up:
             self.draft_s = _ema(self.draft_s, draft_s / draft_forwards, self.decay)
         if k:
             # The step is evidence on num_accepted successes and, if one was rejected, a failure.

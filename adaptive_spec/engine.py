@@ -269,7 +269,8 @@ class Engine:
             del out[keep:]
             stats.add(StepStats(len(proposal.tokens), verdict.num_accepted, len(emitted) - cut,
                                 proposal.forwards, draft_s, verify_s))
-            self.policy.observe(len(proposal.tokens), verdict.num_accepted, draft_s, proposal.forwards, verify_s)
+            self.policy.observe(len(proposal.tokens), verdict.num_accepted, draft_s, proposal.forwards, verify_s,
+                                catch_up=proposal.fed > 2)
             if finish is None:
                 yield Chunk(emitted)
         trace.truncate(len(out))

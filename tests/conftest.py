@@ -19,9 +19,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+import torch
 
 from adaptive_spec.record import CorrectionRecord
 from service.local_redis import RedisNotInstalled, RedisServer, started_server
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests, restored after it.
+
+    Tiny models make thousands of small calls; on a shared 2-core machine, intra-op threads make
+    each of them about 10x slower. Real-model tests keep every thread. Use it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _server(workdir: Path) -> RedisServer:

@@ -29,6 +29,7 @@ class Proposal:
     tokens: torch.Tensor  # [n] int64, n <= k
     probs: torch.Tensor | None  # [n, vocab] the distribution each token was drawn from; None = deterministic
     forwards: int = 0  # draft model forward passes spent
+    fed: int = 0  # tokens the first forward fed: 1, or more to catch up on context the draft had not seen
 
 
 class Drafter(Protocol):

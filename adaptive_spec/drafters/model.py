@@ -61,6 +61,7 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Proposal:
         feed = context[kv.cache_len(self.cache):]
+        fed = len(feed)
         tokens, rows = [], []
         for _ in range(k):
             logits = self._next_logits(feed)  # [1, n_vocab]
@@ -74,7 +75,7 @@ class ModelDrafter:
             tokens.append(token)
             feed = [token]
         probs = torch.stack(rows) if rows else None  # [k, vocab]
-        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), probs, forwards=k)
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device=self.device), probs, forwards=k, fed=fed)
 
     def _next_logits(self, feed: list[int]) -> torch.Tensor:
         """Logits after `feed` ([1, vocab], or [1, n_vocab] over the restricted vocabulary)."""

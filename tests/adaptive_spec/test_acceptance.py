@@ -26,18 +26,10 @@ import torch
 from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.sampling import sample
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ALPHA = 0.001
 Sampler = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], Verdict]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # These tensors have a handful of elements; intra-op threads only add overhead to the ~10^5
-    # small calls below. Restored afterwards so other test files are unaffected.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def chi_square_p_value(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:

@@ -15,16 +15,10 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import tiny_target  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_adapter(target, layers: int, path: Path, seed: int, rank: int = 4) -> torch.nn.Module:

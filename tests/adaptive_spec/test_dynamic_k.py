@@ -208,3 +208,11 @@ def test_a_new_draft_starts_from_its_gated_acceptance_and_remeasures_its_cost() 
     assert policy.alpha == 0.7 and policy.choose(8) >= 1
     policy.new_draft(None)  # unknown: keep what was measured of acceptance
     assert policy.alpha == 0.7
+
+
+def test_a_catch_up_forward_is_not_billed_as_a_draft_step() -> None:
+    policy = DynamicK()
+    policy.observe(1, 1, 0.05, 1, 0.11, catch_up=True)  # 16 backlog tokens fed in the probe's forward
+    assert policy.draft_s is None and policy.draft_cost() == policy.prior_draft_cost
+    policy.observe(1, 1, 0.012, 1, 0.11)
+    assert policy.draft_s == pytest.approx(0.012)

@@ -33,6 +33,8 @@ from adaptive_spec.sampling import SamplingParams
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
 from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 NEW_TOKENS = 40
 PROMPTS = {
     "repeating": [5, 17, 33, 8, 5, 17, 33, 8, 5, 17],  # prompt lookup has something to copy at once
@@ -40,15 +42,6 @@ PROMPTS = {
 }
 KS = [1, 2, 3, 5, None]  # None: DynamicK chooses per step
 DRAFT_KINDS = ["early-exit:1", "early-exit:3", "ngram", "separate-model", "target-itself"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The models are tiny: on a shared 2-core machine, intra-op threads make each forward ~10x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 _targets: dict[int, torch.nn.Module] = {}

@@ -46,20 +46,13 @@ from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
 from tiny import llama  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 64
 DOMAIN_TOKENS = 16  # prompts use tokens 0..15 only: a narrow domain, as drifted traffic is
 PROMPT_LEN, NEW_TOKENS, TOP_M = 8, 24, 8
 STEPS = 150
 SETTINGS = LoraSettings(batch_tokens=512)  # the default lr (1e-3), r = 16 on all 7 projections
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The models are tiny: on a shared 2-core machine, intra-op threads make each forward ~10x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def greedy_records(target, draft, count: int, seed: int = 0) -> list[CorrectionRecord]:

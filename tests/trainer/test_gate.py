@@ -33,15 +33,9 @@ from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
 from tiny import llama  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

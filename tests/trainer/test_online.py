@@ -45,7 +45,7 @@ from trainer.stream import CorrectionStream
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
 from tiny import llama  # noqa: E402
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 VOCAB = 64
 DOMAIN_TOKENS = 16  # prompts use tokens 0..15 only: a narrow domain, so a 1-layer draft can learn it
@@ -56,15 +56,6 @@ SETTINGS = LoraSettings(batch_tokens=512)  # the default lr (1e-3), r = 16 on al
 # A quarter of the records held out gives ~500 positions; 300 lets the first round run after ~3 polls.
 GATE = Gate(min_positions=300)
 NEVER = 10**9  # min_new_records for trainers that must not train
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The models are tiny: on a shared 2-core machine, intra-op threads make each forward ~10x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
