@@ -105,6 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     _model_options(drift)
     drift.set_defaults(func=cmd_bench_drift)
+
+    serve = commands.add_parser(
+        "serve", help="the HTTP server alone: OpenAI-compatible API, /health, /metrics",
+        description="Serve POST /v1/chat/completions and /v1/completions (OpenAI-compatible, with stream: true), "
+                    "GET /v1/models, /health and /metrics. Correction records go to REDIS_URL when it is set. "
+                    "Flags override the ADAPTIVE_SPEC_* environment; see service/settings.py.")
+    serve.add_argument("--host", default=None, help="bind address (default: 127.0.0.1, loopback only)")
+    serve.add_argument("--port", type=int, default=None, help="default: 8000")
+    serve.add_argument("--data-dir", type=Path, default=None, help="state directory (default: ./.adaptive-spec)")
+    serve_models = serve.add_argument_group("models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else "
+                                            "the built-in model with early-exit:4 and dynamic k)")
+    serve_models.add_argument("--target", default=None)
+    serve_models.add_argument("--draft", default=None)
+    serve_models.add_argument("--k", type=_non_negative_int, default=None)
+    serve_models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
+    serve_models.add_argument("--device", default=None)
+    serve.set_defaults(func=cmd_serve)
     return parser
 
 
@@ -227,6 +244,17 @@ def cmd_bench_drift(args) -> int:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"figures written to {args.json}", file=sys.stderr)
     return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
+
+
+def cmd_serve(args) -> int:
+    from service.server import run
+    from service.settings import Settings
+
+    if args.data_dir:
+        os.environ["ADAPTIVE_SPEC_DATA_DIR"] = str(args.data_dir)  # the model cache follows it
+    run(Settings.from_env(host=args.host, port=args.port, data_dir=args.data_dir, target=args.target,
+                          draft=args.draft, k=args.k, dtype=args.dtype, device=args.device))
+    return 0
 
 
 class _redis_url:

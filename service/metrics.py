@@ -1,0 +1,124 @@
+"""Prometheus exporter for the served requests (STYLE.md §12: the engine's `RequestStats` is the
+record, these counters are the aggregate, `/metrics` is the export).
+
+Names follow vLLM's (`vllm/v1/spec_decode/metrics.py`) under the prefix `adaptive_spec:`;
+counters get prometheus_client's `_total` suffix, as vLLM's do. The dashboard formulas:
+
+    acceptance rate         = rate(adaptive_spec:spec_decode_num_accepted_tokens_total[5m])
+                            / rate(adaptive_spec:spec_decode_num_draft_tokens_total[5m])
+    mean acceptance length  = 1 + rate(..._num_accepted_tokens_total[5m]) / rate(..._num_drafts_total[5m])
+    acceptance at position i = rate(..._num_accepted_tokens_per_pos_total{position="i"}[5m])
+                            / rate(..._num_drafts_total[5m])
+
+Example: 10 drafts of 4 tokens with 30 accepted give acceptance rate 30 / 40 = 0.75 and mean
+acceptance length 1 + 30 / 10 = 4.0 (vLLM's convention, which counts only steps that drafted;
+`usage.spec_decode.mean_acceptance_length` divides by every target forward instead, so the two
+differ when dynamic k skips drafting).
+
+Every spec-decode counter carries `adapter_version` ("base" for the base draft) and `domain`
+("none" when the request gave none) labels, so acceptance can be plotted per adapter version
+and per domain. At most `MAX_DOMAINS` distinct domains get their own label; the rest count as
+"other", which bounds the series a client can create.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from adaptive_spec.stats import RequestStats
+
+PREFIX = "adaptive_spec:"
+MAX_DOMAINS = 32
+
+
+class ServiceMetrics:
+    def __init__(self, engine, worker, writer=None) -> None:
+        self.registry = CollectorRegistry()
+        spec = ["adapter_version", "domain"]
+        self.num_drafts = self._counter("spec_decode_num_drafts", "Steps that drafted at least one token.", spec)
+        self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens", "Draft tokens verified.", spec)
+        self.num_accepted_tokens = self._counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec)
+        self.accepted_per_pos = self._counter("spec_decode_num_accepted_tokens_per_pos",
+                                              "Accepted draft tokens at each draft position (0 = first).",
+                                              ["position", *spec])
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of finished requests.", ["domain"])
+        self.generation_tokens = self._counter("generation_tokens", "Generated tokens of finished requests.",
+                                               ["domain"])
+        self.request_success = self._counter("request_success", "Finished requests.", ["finished_reason", "domain"])
+        self.requests_cancelled = self._counter("requests_cancelled",
+                                                "Requests stopped before the end: timeout, disconnect or shutdown.",
+                                                ["reason"])
+        self.requests_rejected = self._counter("requests_rejected", "Requests refused before queueing.", ["reason"])
+        self.latency = Histogram(PREFIX + "e2e_request_latency_seconds", "From arrival to the last token.",
+                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160), registry=self.registry)
+        Gauge(PREFIX + "num_requests_running", "Requests the engine is decoding (0 or 1).",
+              registry=self.registry).set_function(lambda: worker.running)
+        Gauge(PREFIX + "num_requests_waiting", "Requests queued for the engine.",
+              registry=self.registry).set_function(lambda: worker.waiting)
+        Gauge(PREFIX + "adapter_version", "The served draft adapter's version (0 = the base draft, -1 = not a number).",
+              registry=self.registry).set_function(lambda: _version_number(engine.adapter_version))
+        if writer is not None:
+            self.registry.register(_CorrectionLogCollector(writer))
+        self._domains: set[str] = set()
+        self._lock = threading.Lock()
+
+    def observe(self, stats: RequestStats, *, domain: str | None, finish_reason: str, prompt_tokens: int,
+                generation_tokens: int, latency_s: float) -> None:
+        """Count one finished request."""
+        domain = self._domain_label(domain)
+        version = stats.adapter_version if stats.adapter_version is not None else "base"
+        drafts = stats.drafted_per_pos[0] if stats.drafted_per_pos else 0
+        self.num_drafts.labels(version, domain).inc(drafts)
+        self.num_draft_tokens.labels(version, domain).inc(stats.drafted)
+        self.num_accepted_tokens.labels(version, domain).inc(stats.accepted)
+        for position, accepted in enumerate(stats.accepted_per_pos):
+            self.accepted_per_pos.labels(str(position), version, domain).inc(accepted)
+        self.prompt_tokens.labels(domain).inc(prompt_tokens)
+        self.generation_tokens.labels(domain).inc(generation_tokens)
+        self.request_success.labels(finish_reason, domain).inc()
+        self.latency.observe(latency_s)
+
+    def _counter(self, name: str, doc: str, labels: list[str]) -> Counter:
+        return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+    def _domain_label(self, domain: str | None) -> str:
+        if domain is None:
+            return "none"
+        with self._lock:
+            if domain in self._domains:
+                return domain
+            if len(self._domains) < MAX_DOMAINS:
+                self._domains.add(domain)
+                return domain
+        return "other"
+
+
+class _CorrectionLogCollector:
+    """The correction-log writer's counters, read at scrape time (one consistent snapshot)."""
+
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def collect(self):
+        counts = self.writer.counters()
+        for key, doc in (("written", "Correction records Redis acknowledged."),
+                         ("dropped", "Correction records dropped: queue full while Redis was away, invalid, or "
+                                     "unflushed at shutdown."),
+                         ("submitted", "Correction records submitted by finished requests.")):
+            yield CounterMetricFamily(f"{PREFIX}correction_log_records_{key}", doc, value=counts[key])
+        yield CounterMetricFamily(f"{PREFIX}correction_log_errors", "Failed XADD batches (each retried).",
+                                  value=counts["errors"])
+        yield GaugeMetricFamily(f"{PREFIX}correction_log_queue_depth", "Correction records waiting for Redis.",
+                                value=counts["queue_depth"])
+
+
+def _version_number(version: str | None) -> float:
+    if version is None:
+        return 0.0
+    try:
+        return float(version)
+    except ValueError:
+        return -1.0

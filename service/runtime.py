@@ -1,0 +1,84 @@
+"""What the app holds while it runs: the engine, its worker thread, the metrics and the
+correction-log writer, started in the app's lifespan and stopped in order at shutdown.
+
+Shutdown order (DESIGN.md "Behaviour under faults"): stop accepting (new requests get 503),
+let the queued and running requests finish for up to `drain_timeout_s`, then close the writer,
+which flushes what Redis accepts within a few seconds and counts the rest as dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from adaptive_spec.engine import Engine, GenerationOutput
+from adaptive_spec.record import record_from_output
+from service.correction_log import CorrectionLogWriter
+from service.metrics import ServiceMetrics
+from service.settings import Settings
+from service.worker import EngineWorker, Job
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.writer = writer
+        self.model_name = settings.served_model_name or engine.target_id
+        self.started_at = int(time.time())
+        self.worker = EngineWorker(engine, settings.queue_size, on_end=self.request_ended)
+        self.metrics = ServiceMetrics(engine, self.worker, writer)
+        self._warned_no_topk = False
+
+    @classmethod
+    def start(cls, settings: Settings, engine: Engine | None = None) -> Service:
+        """Load the models (unless an engine is given), start the writer and the worker. Blocking."""
+        if engine is None:
+            log.info("loading %s with draft %s", settings.target, settings.draft)
+            engine = Engine.from_pretrained(settings.target, settings.draft, device=settings.device,
+                                            dtype=settings.dtype, k=settings.k, record_topk=settings.record_topk)
+        writer = None
+        if settings.redis_url:
+            writer = CorrectionLogWriter(settings.redis_url, maxlen=settings.stream_maxlen,
+                                         queue_size=settings.log_queue_size)
+        service = cls(settings, engine, writer)
+        service.worker.start()
+        log.info("serving %s (draft %s) with %r", service.model_name, engine.draft_id, settings)
+        return service
+
+    def stop(self) -> None:
+        """Drain, then stop the writer. Blocking; called once from the lifespan."""
+        self.worker.close(self.settings.drain_timeout_s)
+        if self.writer is not None:
+            self.writer.close(timeout=5.0)
+        log.info("stopped; correction log %s", self.writer.counters() if self.writer else "off")
+
+    def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None) -> Job:
+        """A job for the worker; its id names the response and the correction record."""
+        return Job(prompt_ids, params, deadline=time.monotonic() + self.settings.request_timeout_s,
+                   meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record,
+                         "domain": domain})
+
+    def request_ended(self, job: Job, output: GenerationOutput | None) -> None:
+        """On the worker thread, after the handler has its last chunk: count it, log its record."""
+        if output is None:
+            self.metrics.requests_cancelled.labels(job.cancel_reason or "unknown").inc()
+            return
+        domain = job.meta["domain"]
+        self.metrics.observe(output.stats, domain=domain, finish_reason=output.finish_reason,
+                             prompt_tokens=len(output.prompt_ids), generation_tokens=len(output.token_ids),
+                             latency_s=time.monotonic() - job.arrived)
+        if self.writer is None or not job.meta["log"]:
+            return
+        if output.target_topk_ids is None:
+            if not self._warned_no_topk:
+                log.warning("the engine records no target top-m (record_topk=0): no correction records are written")
+                self._warned_no_topk = True
+            return
+        record = record_from_output(output, request_id=job.meta["request_id"], created_at=time.time(), domain=domain,
+                                    target_id=self.engine.target_id, draft_id=self.engine.draft_id,
+                                    temperature=job.params["temperature"])
+        self.writer.submit(record)  # never blocks on Redis

@@ -1,0 +1,131 @@
+"""The service's one settings object, read from the environment (STYLE.md §9).
+
+    settings = Settings.from_env()                       # ADAPTIVE_SPEC_*, REDIS_URL
+    settings = Settings.from_env(port=8001, host="0.0.0.0")  # command-line flags win over the environment
+
+| field | environment | default |
+|---|---|---|
+| host, port | ADAPTIVE_SPEC_HOST, ADAPTIVE_SPEC_PORT | 127.0.0.1, 8000 |
+| data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec |
+| target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the engine's defaults |
+| k | ADAPTIVE_SPEC_K | unset or `dynamic`: dynamic k |
+| served_model_name | ADAPTIVE_SPEC_SERVED_MODEL_NAME | the target's name |
+| redis_url | REDIS_URL | none: no correction log |
+| api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
+| admin_token | ADAPTIVE_SPEC_ADMIN_TOKEN | none: /admin refuses everything (403) |
+| max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
+| max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
+| queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
+| request_timeout_s | ADAPTIVE_SPEC_REQUEST_TIMEOUT_S | 300 s, from arrival, queueing included |
+| drain_timeout_s | ADAPTIVE_SPEC_DRAIN_TIMEOUT_S | 30 s to finish in-flight requests at shutdown |
+| stream_maxlen | ADAPTIVE_SPEC_STREAM_MAXLEN | 100000 records (MAXLEN ~ of the correction stream) |
+| log_queue_size | ADAPTIVE_SPEC_LOG_QUEUE_SIZE | 1024 records held in memory while Redis is away |
+| record_topk | ADAPTIVE_SPEC_RECORD_TOPK | 16 target top-m entries per output token |
+
+Secrets (the API key, the admin token, a password inside REDIS_URL) never appear in `repr()`,
+so logging the settings is safe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from adaptive_spec.engine import DEFAULT_DRAFT
+from adaptive_spec.models import DEFAULT_MODEL
+
+_SECRETS = ("api_key", "admin_token")
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path(".adaptive-spec")
+    target: str = DEFAULT_MODEL
+    draft: str = DEFAULT_DRAFT
+    k: int | None = None  # None = dynamic k
+    dtype: str = "auto"
+    device: str = "auto"
+    served_model_name: str | None = None  # the `model` clients must send; None = the target's name
+    redis_url: str | None = None
+    api_key: str | None = None
+    admin_token: str | None = None
+    max_tokens_limit: int = 2048
+    default_max_tokens: int = 256
+    max_body_bytes: int = 1 << 20
+    queue_size: int = 32
+    request_timeout_s: float = 300.0
+    drain_timeout_s: float = 30.0
+    stream_maxlen: int = 100_000
+    log_queue_size: int = 1024
+    record_topk: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.k is not None and self.k < 0:
+            raise ValueError(f"k must be >= 0 or unset (dynamic), got {self.k}")
+        for name in ("max_tokens_limit", "default_max_tokens", "max_body_bytes", "queue_size", "stream_maxlen",
+                     "log_queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.record_topk < 0:
+            raise ValueError("request_timeout_s must be > 0, drain_timeout_s and record_topk >= 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
+        """Defaults, then the environment, then `overrides` (e.g. command-line flags that were given)."""
+        env = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            name = "REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
+            raw = env.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            values[f.name] = _parse(f.name, raw, name)
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _SECRETS and value is not None:
+                value = "***"
+            elif f.name == "redis_url" and value is not None:
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
+
+_ENV_NAMES = {"max_tokens_limit": "ADAPTIVE_SPEC_MAX_TOKENS"}
+_INTS = {"port", "max_tokens_limit", "default_max_tokens", "max_body_bytes", "queue_size", "stream_maxlen",
+         "log_queue_size", "record_topk"}
+_FLOATS = {"request_timeout_s", "drain_timeout_s"}
+
+
+def _parse(field: str, raw: str, env_name: str):
+    try:
+        if field == "k":
+            return None if raw.strip() == "dynamic" else int(raw)
+        if field in _INTS:
+            return int(raw)
+        if field in _FLOATS:
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{env_name}={raw!r} is not a number") from None
+    if field == "data_dir":
+        return Path(raw)
+    return raw
+
+
+def redact_url(url: str) -> str:
+    """redis://:secret@host:6379/0 -> redis://***@host:6379/0; a URL without credentials is unchanged."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
