@@ -182,22 +182,15 @@ def cmd_generate(args) -> int:
 
 
 def _stream_text(engine, prompt, kwargs):
-    """Print text as steps finish. Holds back a trailing partial UTF-8 character."""
-    tokens: list[int] = []
-    shown = ""
+    """Print text as steps finish, never half a character or the start of a stop string."""
+    from adaptive_spec.textstream import IncrementalText
+
+    text = IncrementalText(engine, kwargs.get("stop"))
     for chunk in engine.stream(prompt, **kwargs):
-        if chunk.output is not None:
-            text = chunk.output.text or ""
-            sys.stdout.write(text[len(shown):] + "\n")
-            sys.stdout.flush()
-            return chunk.output
-        tokens += chunk.token_ids
-        text = engine.decode(tokens) or ""
-        if text.endswith("\ufffd") or not text.startswith(shown):
-            continue
-        sys.stdout.write(text[len(shown):])
+        sys.stdout.write(text.push(chunk.token_ids) if chunk.output is None else text.finish(chunk.output.text) + "\n")
         sys.stdout.flush()
-        shown = text
+        if chunk.output is not None:
+            return chunk.output
     raise AssertionError("stream ended without an output")
 
 

@@ -21,9 +21,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from adaptive_spec.engine import InputError
+from adaptive_spec.textstream import IncrementalText
 from service.deps import ApiKey, ServiceDep
 from service.errors import APIError, bad_request
-from service.responses import CHAT, COMPLETION, Formatter, IncrementalText, sse
+from service.responses import CHAT, COMPLETION, Formatter, sse
 from service.runtime import Service
 from service.schemas import ChatRequest, CompletionRequest
 from service.worker import Ended, Job, Rejected
