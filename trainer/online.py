@@ -95,7 +95,7 @@ from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
 from trainer.distill import METADATA_FILE, DraftTrainer, LoraSettings, examples_from_record, read_metadata
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
-from trainer.stream import CorrectionStream, _stream_entries
+from trainer.stream import CorrectionStream
 
 log = logging.getLogger(__name__)
 
@@ -373,21 +373,9 @@ class OnlineTrainer:
     # ---------------------------------------------------------------- routing records
 
     def _own_pending(self) -> list[tuple[str, CorrectionRecord]]:
-        """Entries delivered to this consumer name and never acknowledged (XREADGROUP from id 0).
-
-        CorrectionStream has no verb for this, so it borrows the stream's own group handling and
-        decoding (corrupt entries are acknowledged and counted there).
-        """
-        stream, entries, after = self.stream, [], "0"
-        while True:
-            response = stream._with_group(lambda: stream.redis.xreadgroup(
-                stream.group, stream.consumer, {stream.stream: after}, count=self.read_count))  # fmt: skip
-            page = _stream_entries(response)
-            ids = [entry_id for entry_id, _ in page if entry_id is not None]
-            if not ids:
-                break
-            entries += stream._decode(page)
-            after = ids[-1]
+        """Entries this consumer name read before (e.g. before a crash) and never acknowledged."""
+        stream = self.stream
+        entries = stream.read_own_pending(self.read_count)
         if entries:
             log.info("re-reading %d entries that consumer %s read before and never acknowledged", len(entries),
                      stream.consumer)  # fmt: skip

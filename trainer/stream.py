@@ -75,6 +75,21 @@ class CorrectionStream:
         )
         return self._decode(_stream_entries(response))
 
+    def read_own_pending(self, count: int = 64) -> list[tuple[str, CorrectionRecord]]:
+        """Every entry delivered to this consumer name and never acknowledged (XREADGROUP from id 0).
+
+        A trainer restarted under its old consumer name gets back what it had read before dying.
+        """
+        entries, after = [], "0"
+        while True:
+            page = _stream_entries(self._with_group(
+                lambda: self.redis.xreadgroup(self.group, self.consumer, {self.stream: after}, count=count)))
+            ids = [entry_id for entry_id, _ in page if entry_id is not None]
+            if not ids:
+                return entries
+            entries += self._decode(page)
+            after = ids[-1]
+
     def reclaim(self, min_idle_ms: int = 60_000, count: int = 64) -> list[tuple[str, CorrectionRecord]]:
         """Take over entries another consumer read but never acknowledged for min_idle_ms (XAUTOCLAIM).
 
