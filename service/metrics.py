@@ -60,6 +60,15 @@ class ServiceMetrics:
               registry=self.registry).set_function(lambda: worker.waiting)
         Gauge(PREFIX + "adapter_version", "The served draft adapter's version (0 = the base draft, -1 = not a number).",
               registry=self.registry).set_function(lambda: _version_number(engine.adapter_version))
+        # The adapter watcher's (service/watcher.py): swaps by kind (swap, rollback), refusals by reason
+        # (missing, checksum, corrupt, incompatible), and the pause of the last swap.
+        self.adapter_swaps = self._counter("adapter_swaps", "Adapter swaps done by this server, by kind.", ["kind"])
+        self.adapter_refusals = self._counter("adapter_refusals", "Adapter versions refused before any swap.",
+                                              ["reason"])
+        self.adapter_registry_errors = self._counter("adapter_registry_errors",
+                                                     "Alias checks that found the adapter registry unreachable.", [])
+        self.adapter_swap_pause = Gauge(PREFIX + "adapter_swap_pause_seconds",
+                                        "How long the last adapter swap held decoding.", registry=self.registry)
         if writer is not None:
             self.registry.register(_CorrectionLogCollector(writer))
         self._domains: set[str] = set()
