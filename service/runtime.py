@@ -17,20 +17,27 @@ from adaptive_spec.record import record_from_output
 from service.correction_log import CorrectionLogWriter
 from service.metrics import ServiceMetrics
 from service.settings import Settings
+from service.timeseries import DriftSettings, StatsCollector, StatsRecorder
 from service.worker import EngineWorker, Job
 
 log = logging.getLogger(__name__)
 
 
 class Service:
-    def __init__(self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None) -> None:
+    def __init__(self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None,
+                 stats: StatsRecorder | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.writer = writer
+        self.stats = stats  # the dashboard store (service/timeseries.py); None without Redis
         self.model_name = settings.served_model_name or engine.target_id
+        self.registry = None  # trainer.registry.AdapterRegistry when one is configured (service/watcher.py)
+        self.watcher = None  # follows the registry's champion alias and hot-swaps the adapter
         self.started_at = int(time.time())
         self.worker = EngineWorker(engine, settings.queue_size, on_end=self.request_ended)
         self.metrics = ServiceMetrics(engine, self.worker, writer)
+        if stats is not None:
+            self.metrics.registry.register(StatsCollector(stats))
         self._warned_no_topk = False
 
     @classmethod
@@ -40,21 +47,39 @@ class Service:
             log.info("loading %s with draft %s", settings.target, settings.draft)
             engine = Engine.from_pretrained(settings.target, settings.draft, device=settings.device,
                                             dtype=settings.dtype, k=settings.k, record_topk=settings.record_topk)
-        writer = None
+        writer = stats = None
         if settings.redis_url:
             writer = CorrectionLogWriter(settings.redis_url, maxlen=settings.stream_maxlen,
                                          queue_size=settings.log_queue_size)
-        service = cls(settings, engine, writer)
+            drift = DriftSettings(settings.drift_window_s, settings.drift_fraction, settings.drift_min_drafts)
+            stats = StatsRecorder(settings.redis_url, retention_s=settings.stats_retention_s, drift=drift,
+                                  served_version=lambda: engine.adapter_version).start()
+        service = cls(settings, engine, writer, stats)
         service.worker.start()
+        from service.watcher import start_watcher  # imports MLflow only when a registry is configured
+
+        service.watcher = start_watcher(service)
         log.info("serving %s (draft %s) with %r", service.model_name, engine.draft_id, settings)
         return service
 
     def stop(self) -> None:
         """Drain, then stop the writer. Blocking; called once from the lifespan."""
+        if self.watcher is not None:
+            self.watcher.stop()
         self.worker.close(self.settings.drain_timeout_s)
         if self.writer is not None:
             self.writer.close(timeout=5.0)
+        if self.stats is not None:
+            self.stats.close()
         log.info("stopped; correction log %s", self.writer.counters() if self.writer else "off")
+
+    def load_adapter(self, path, version: str | None = None, *, kind: str = "swap", by: str | None = None) -> float:
+        """Serve the adapter at `path` (Engine.load_adapter: checked, then swapped between steps) and
+        mark it on the dashboard with its gate figures. Returns how long decoding was held (s)."""
+        held = self.engine.load_adapter(path, version)
+        if self.stats is not None:
+            self.stats.mark(kind, self.engine.adapter_version, by, adapter_dir=path)
+        return held
 
     def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None) -> Job:
         """A job for the worker; its id names the response and the correction record."""
@@ -71,6 +96,9 @@ class Service:
         self.metrics.observe(output.stats, domain=domain, finish_reason=output.finish_reason,
                              prompt_tokens=len(output.prompt_ids), generation_tokens=len(output.token_ids),
                              latency_s=time.monotonic() - job.arrived)
+        if self.stats is not None:  # memory only; a background thread writes to Redis
+            self.stats.record(output.stats, domain=domain, greedy=job.params.get("temperature", 0.0) == 0.0,
+                              speculative=job.params.get("speculative", True))
         if self.writer is None or not job.meta["log"]:
             return
         if output.target_topk_ids is None:

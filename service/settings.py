@@ -13,6 +13,8 @@
 | redis_url | REDIS_URL | none: no correction log |
 | api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
 | admin_token | ADAPTIVE_SPEC_ADMIN_TOKEN | none: /admin refuses everything (403) |
+| mlflow_tracking_uri | MLFLOW_TRACKING_URI | none: the adapter registry is `<data_dir>/mlflow.db` if that file exists, else off |
+| adapter_poll_s | ADAPTIVE_SPEC_ADAPTER_POLL_S | 5 s between polls of the `champion` alias (0: no watcher) |
 | max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
 | max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
 | queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
@@ -21,8 +23,12 @@
 | stream_maxlen | ADAPTIVE_SPEC_STREAM_MAXLEN | 100000 records (MAXLEN ~ of the correction stream) |
 | log_queue_size | ADAPTIVE_SPEC_LOG_QUEUE_SIZE | 1024 records held in memory while Redis is away |
 | record_topk | ADAPTIVE_SPEC_RECORD_TOPK | 16 target top-m entries per output token |
+| stats_retention_s | ADAPTIVE_SPEC_STATS_RETENTION_S | 604800 s (7 days) of dashboard buckets in Redis (10 s buckets: at most 2 days) |
+| drift_window_s | ADAPTIVE_SPEC_DRIFT_WINDOW_S | 600 s of traffic the drift alert looks at |
+| drift_fraction | ADAPTIVE_SPEC_DRIFT_FRACTION | 0.7: alert below this fraction of the served adapter's gated figure |
+| drift_min_drafts | ADAPTIVE_SPEC_DRIFT_MIN_DRAFTS | 200 drafting steps in the window before the alert may fire |
 
-Secrets (the API key, the admin token, a password inside REDIS_URL) never appear in `repr()`,
+Secrets (the API key, the admin token, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
 so logging the settings is safe.
 """
 
@@ -54,6 +60,8 @@ class Settings:
     redis_url: str | None = None
     api_key: str | None = None
     admin_token: str | None = None
+    mlflow_tracking_uri: str | None = None  # the adapter registry (service/watcher.py)
+    adapter_poll_s: float = 5.0
     max_tokens_limit: int = 2048
     default_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
@@ -63,6 +71,10 @@ class Settings:
     stream_maxlen: int = 100_000
     log_queue_size: int = 1024
     record_topk: int = 16
+    stats_retention_s: int = 7 * 86400
+    drift_window_s: float = 600.0
+    drift_fraction: float = 0.7
+    drift_min_drafts: int = 200
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -75,6 +87,12 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.record_topk < 0:
             raise ValueError("request_timeout_s must be > 0, drain_timeout_s and record_topk >= 0")
+        if self.adapter_poll_s < 0:
+            raise ValueError(f"adapter_poll_s must be >= 0 (0: no adapter watcher), got {self.adapter_poll_s}")
+        if self.stats_retention_s < 600 or self.drift_window_s < 10 or self.drift_min_drafts < 0:
+            raise ValueError("stats_retention_s must be >= 600, drift_window_s >= 10, drift_min_drafts >= 0")
+        if not 0 < self.drift_fraction <= 1:
+            raise ValueError(f"drift_fraction must be in (0, 1], got {self.drift_fraction}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -96,16 +114,16 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in _SECRETS and value is not None:
                 value = "***"
-            elif f.name == "redis_url" and value is not None:
+            elif f.name in ("redis_url", "mlflow_tracking_uri") and value is not None:
                 value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(shown)})"
 
 
-_ENV_NAMES = {"max_tokens_limit": "ADAPTIVE_SPEC_MAX_TOKENS"}
+_ENV_NAMES = {"max_tokens_limit": "ADAPTIVE_SPEC_MAX_TOKENS", "mlflow_tracking_uri": "MLFLOW_TRACKING_URI"}
 _INTS = {"port", "max_tokens_limit", "default_max_tokens", "max_body_bytes", "queue_size", "stream_maxlen",
-         "log_queue_size", "record_topk"}
-_FLOATS = {"request_timeout_s", "drain_timeout_s"}
+         "log_queue_size", "record_topk", "stats_retention_s", "drift_min_drafts"}
+_FLOATS = {"request_timeout_s", "drain_timeout_s", "adapter_poll_s", "drift_window_s", "drift_fraction"}
 
 
 def _parse(field: str, raw: str, env_name: str):
