@@ -1,0 +1,330 @@
+"""The adapter watcher: the server follows the registry's `champion` alias and hot-swaps the draft's
+adapter between decoding steps.
+
+    watcher = AdapterWatcher(engine, AdapterRegistry(uri, data_dir=d), d / "adapter-cache",
+                             poll_s=5.0, redis_url=os.environ.get("REDIS_URL"), metrics=service.metrics)
+    watcher.start()        # Service.start does this when a registry is configured (`start_watcher`)
+    watcher.check()        # one pass, in the caller's thread: "unchanged", "swapped", "unloaded", "refused", ...
+
+Tests (tiny engine, real MLflow and Redis, about 40 s): `.venv/bin/python -m pytest tests/service/test_watcher.py -q`.
+
+Two signals wake it (DESIGN.md "Swap"):
+
+- an event on the Redis pub/sub channel `adaptive_spec:adapters` (sent by the registry on every
+  promote and rollback): the check runs at once, and the event says what kind of change it was
+  and who made it;
+- a poll of the alias every `poll_s` (5 s by default), so an alias moved by hand in the MLflow UI
+  is followed within `poll_s` plus a download, and a lost event costs one poll at most.
+
+A change of champion to version V, in order; any failure before step 4 refuses V and nothing
+changes (the served adapter stays; the refusal is logged and counted in
+`adaptive_spec:adapter_refusals_total{reason}`):
+
+1. V must be for this engine: its `target_id` and `draft_id` tags equal the engine's (reason
+   "incompatible");
+2. download V's artifacts into `cache_dir/vV-<sha>` (reason "missing" when the registry has no
+   files for it);
+3. verify: the weights hash to V's `adapter_sha256` tag and to `checksum.sha256` (reason
+   "checksum");
+4. `Engine.load_adapter`: LoRA shapes against the draft's modules (rank, target modules), merged into
+   a new slot, then swapped under the step lock and the old slot dropped (reason "incompatible"
+   or "corrupt" when it refuses).
+
+A refused version is not tried again until the alias moves elsewhere and back. The champion alias
+removed (or the registered model gone) unloads to the base draft. MLflow unreachable: the served
+adapter stays and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
+
+Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`), its pause (how long decoding was
+held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and `on_swap(kind, version, by)` is
+called, kind "rollback" when the event or the version's audit tags say so (or the version number
+went down), else "swap".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from adaptive_spec.adapters import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE, AdapterError, sha256_file
+
+log = logging.getLogger(__name__)
+
+RECENT_ACTION_S = 120.0  # a version's audit tag this fresh names the change the watcher sees
+
+
+class Refused(AdapterError):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AdapterWatcher:
+    def __init__(self, engine, registry, cache_dir: Path, *, poll_s: float = 5.0, redis_url: str | None = None,
+                 metrics=None, on_swap=None) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.cache_dir = Path(cache_dir)
+        self.poll_s = poll_s
+        self.redis_url = redis_url
+        self.metrics = metrics
+        self.on_swap = on_swap
+        self.swaps: list[tuple[str, str | None, float]] = []  # (kind, version, pause_s), for reports and tests
+        self.refused: dict[str, str] = {}  # version -> reason, until the alias moves elsewhere
+        self._events: dict[str | None, dict] = {}  # version -> the last pub/sub event naming it
+        self._check_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._unavailable = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> AdapterWatcher:
+        self._threads = [threading.Thread(target=self._poll_loop, name="adapter-watcher", daemon=True)]
+        if self.redis_url:
+            self._threads.append(threading.Thread(target=self._listen, name="adapter-events", daemon=True))
+        for thread in self._threads:
+            thread.start()
+        log.info("watching %r for the champion adapter every %.1f s%s", self.registry, self.poll_s,
+                 " and on " + _channel() if self.redis_url else "")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def wake(self, event: dict | None = None) -> None:
+        """Check now (e.g. after a promote through the admin API); `event` says what changed and who did it."""
+        if event is not None:
+            self._events[None if event.get("version") is None else str(event["version"])] = event
+        self._wake.set()
+
+    # ---------------------------------------------------------------- one check
+
+    def check(self) -> str:
+        """Follow the champion alias once; returns what happened."""
+        from trainer.registry import RegistryError, RegistryUnavailable
+
+        with self._check_lock:
+            try:
+                champion = self.registry.champion()
+            except RegistryUnavailable as exc:
+                return self._registry_down(exc)
+            if self._unavailable:
+                log.info("the adapter registry is back")
+                self._unavailable = False
+            served = self.engine.adapter_version
+            for version in [v for v in self.refused if v != champion]:
+                del self.refused[version]  # the alias moved on: a later return is a new decision
+            if champion == served or champion in self.refused:
+                return "unchanged" if champion == served else "refused"
+            if champion is None:
+                kind, by = self._describe_change(None, served, {})
+                self._swapped(kind, None, by, self.engine.unload_adapter())
+                return "unloaded"
+            try:
+                path, tags = self._fetch(champion)
+                pause = self.engine.load_adapter(path, champion)
+            except RegistryUnavailable as exc:
+                return self._registry_down(exc)
+            except RegistryError as exc:
+                self._refuse(champion, Refused("missing", f"version {champion}: {exc}"))
+                return "refused"
+            except AdapterError as exc:
+                self._refuse(champion, exc if isinstance(exc, Refused) else Refused(_reason(exc), str(exc)))
+                return "refused"
+            kind, by = self._describe_change(champion, served, tags)
+            self._swapped(kind, champion, by, pause)
+            return "swapped"
+
+    def _fetch(self, version: str) -> tuple[Path, dict]:
+        """Download the version (or reuse the cache) and verify it; returns (directory, its tags)."""
+        described = self.registry.get(version)
+        tags = described.tags
+        for key, ours in (("target_id", self.engine.target_id), ("draft_id", self.engine.draft_id)):
+            if tags.get(key) not in (None, ours):
+                raise Refused("incompatible", f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}")
+        sha = described.sha256
+        if not sha:
+            raise Refused("missing", f"version {version} has no {'adapter_sha256'} tag: nothing to verify it against")
+        final = self.cache_dir / f"v{version}-{sha[:12]}"
+        if not final.is_dir():
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".download-", dir=self.cache_dir))
+            try:
+                downloaded = self.registry.download(version, staging)
+                if not (downloaded / WEIGHTS_FILE).is_file():
+                    raise Refused("missing", f"version {version}: no {WEIGHTS_FILE} among its artifacts")
+                downloaded.rename(final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        try:
+            _verify(final, sha, self.engine)
+        except Refused:
+            shutil.rmtree(final, ignore_errors=True)  # never reuse bad files; a fixed artifact downloads again
+            raise
+        return final, tags
+
+    # ---------------------------------------------------------------- outcomes
+
+    def _swapped(self, kind: str, version: str | None, by: str | None, pause: float) -> None:
+        self.swaps.append((kind, version, pause))
+        log.info("adapter %s -> %s (%s by %s): decoding held %.2f ms", kind, version or "base draft", kind, by,
+                 pause * 1000)
+        if self.metrics is not None:
+            self.metrics.adapter_swaps.labels(kind).inc()
+            self.metrics.adapter_swap_pause.set(pause)
+        if self.on_swap is not None:
+            try:
+                self.on_swap(kind, version, by)
+            except Exception:  # a dashboard marker must never undo or block a swap
+                log.exception("on_swap failed after the swap to %s", version)
+
+    def _refuse(self, version: str, refusal: Refused) -> None:
+        self.refused[version] = refusal.reason
+        log.error("refused adapter version %s (%s): %s; still serving %s", version, refusal.reason, refusal,
+                  self.engine.adapter_version or "the base draft")
+        if self.metrics is not None:
+            self.metrics.adapter_refusals.labels(refusal.reason).inc()
+
+    def _registry_down(self, exc: Exception) -> str:
+        if not self._unavailable:
+            log.warning("adapter registry unavailable (%s); serving %s and retrying every %.1f s", exc,
+                        self.engine.adapter_version or "the base draft", self.poll_s)
+        self._unavailable = True
+        if self.metrics is not None:
+            self.metrics.adapter_registry_errors.inc()
+        return "unavailable"
+
+    def _describe_change(self, version: str | None, served: str | None, tags: dict) -> tuple[str, str | None]:
+        """(kind, by): from the pub/sub event, else the version's fresh audit tags, else the numbers."""
+        from trainer.registry import ACTION_TAG
+
+        event = self._events.pop(version, None)
+        if event is not None and time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S:
+            return ("rollback" if event.get("event") == "rollback" else "swap"), event.get("by")
+        at = _float(tags.get(ACTION_TAG + "_at"))
+        if at is not None and time.time() - at < RECENT_ACTION_S:
+            return ("rollback" if tags.get(ACTION_TAG) == "rollback" else "swap"), tags.get(ACTION_TAG + "_by")
+        went_down = (version is None and served is not None) or (
+            version is not None and served is not None and version.isdigit() and served.isdigit()
+            and int(version) < int(served))  # fmt: skip
+        return ("rollback" if went_down else "swap"), "mlflow-alias"
+
+    # ---------------------------------------------------------------- threads
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception:  # keep watching whatever one check did
+                log.exception("adapter check failed")
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _listen(self) -> None:
+        """Subscribe to the adapter events; reconnect while Redis is away."""
+        import redis
+
+        while not self._stop.is_set():
+            client = pubsub = None
+            try:
+                client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2.0)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(_channel())
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    try:
+                        self.wake(json.loads(message["data"]))
+                    except (json.JSONDecodeError, TypeError, AttributeError):
+                        log.warning("ignoring a malformed adapter event: %r", message["data"][:200])
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.debug("adapter events unavailable (%s); the alias poll goes on", exc)
+                self._stop.wait(2.0)
+            finally:
+                if pubsub is not None:
+                    pubsub.close()
+                if client is not None:
+                    client.close()
+
+
+def start_watcher(service) -> AdapterWatcher | None:
+    """Build the registry and the watcher for a Service; None when there is nothing to watch.
+
+    A registry is configured when `settings.mlflow_tracking_uri` (MLFLOW_TRACKING_URI) is set, or the
+    data directory already holds the trainer's default `mlflow.db`. `adapter_poll_s` = 0 turns the
+    watcher off (the admin API still reaches the registry)."""
+    from adaptive_spec.drafters.model import ModelDrafter
+    from trainer.registry import AdapterRegistry
+
+    settings = service.settings
+    uri = settings.mlflow_tracking_uri
+    if uri is None and (Path(settings.data_dir) / "mlflow.db").is_file():
+        uri = f"sqlite:///{(Path(settings.data_dir) / 'mlflow.db').resolve()}"
+    if uri is None:
+        return None
+    service.registry = AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
+    if not isinstance(service.engine.drafter, ModelDrafter):
+        log.warning("draft %s takes no adapters: not watching the registry", service.engine.draft_id)
+        return None
+    if settings.adapter_poll_s <= 0:
+        return None
+
+    def mark(kind: str, version: str | None, by: str | None) -> None:
+        stats = getattr(service, "stats", None)
+        if callable(getattr(stats, "mark", None)):
+            stats.mark(kind, version, by)
+
+    return AdapterWatcher(service.engine, service.registry, Path(settings.data_dir) / "adapter-cache",
+                          poll_s=settings.adapter_poll_s, redis_url=settings.redis_url, metrics=service.metrics,
+                          on_swap=mark).start()
+
+
+def _verify(path: Path, sha: str, engine) -> None:
+    """The files are there, hash to what the registry recorded, and name this engine's models."""
+    for name in (WEIGHTS_FILE, CHECKSUM_FILE, "adapter_config.json"):
+        if not (path / name).is_file():
+            raise Refused("missing", f"{path}: no {name}")
+    listed = ((path / CHECKSUM_FILE).read_text().split() or [""])[0]
+    actual = sha256_file(path / WEIGHTS_FILE)
+    if not actual == listed == sha:
+        raise Refused("checksum", f"{path}: {WEIGHTS_FILE} hashes to {actual[:12]}..., the registry recorded "
+                                  f"{sha[:12]}... and {CHECKSUM_FILE} {listed[:12]}...")
+    try:
+        metadata = json.loads((path / METADATA_FILE).read_text()) if (path / METADATA_FILE).is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Refused("corrupt", f"{path}: unreadable {METADATA_FILE}: {exc}") from None
+    for key, ours in (("target_id", engine.target_id), ("draft_id", engine.draft_id)):
+        if metadata.get(key) not in (None, ours):
+            raise Refused("incompatible", f"{path} was trained for {key} {metadata[key]!r}, this server runs {ours!r}")
+
+
+def _reason(exc: AdapterError) -> str:
+    text = str(exc)
+    if "checksum" in text:
+        return "checksum"
+    if "unreadable" in text or "not an adapter directory" in text:
+        return "corrupt"
+    return "incompatible"
+
+
+def _float(text) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _channel() -> str:
+    from trainer.registry import ADAPTER_EVENTS
+
+    return ADAPTER_EVENTS
