@@ -3,6 +3,8 @@
     adaptive-spec generate "Write a haiku about rivers."       # one prompt, streamed
     adaptive-spec bench --json bench.json                      # target vs speculative vs HF peer
     adaptive-spec bench-drift --domain sql --json drift.json   # before/after online training
+    adaptive-spec train                                        # the online trainer (REDIS_URL)
+    adaptive-spec adapters list                                # the adapter registry; rollback, promote V
 
 Run `adaptive-spec COMMAND --help` for each command's options.
 """
@@ -122,6 +124,47 @@ def build_parser() -> argparse.ArgumentParser:
     serve_models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
     serve_models.add_argument("--device", default=None)
     serve.set_defaults(func=cmd_serve)
+
+    train = commands.add_parser(
+        "train", help="the online trainer alone: correction records in, promoted adapters out to MLflow",
+        description="Read correction records from Redis (REDIS_URL or --redis-url; none is started here), train the "
+                    "draft's LoRA adapter, and register and promote every adapter the gate accepts in MLflow "
+                    "(MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db). Runs until SIGTERM or SIGINT, then "
+                    "checkpoints and exits. See trainer/main.py.")
+    train.add_argument("--target", default=DEFAULT_MODEL, help="the served target (default: %(default)s)")
+    train.add_argument("--draft", default=DEFAULT_DRAFT, help="early-exit:N or a draft model (default: %(default)s)")
+    train.add_argument("--data-dir", type=Path, default=None,
+                       help="adapters, checkpoints and the default MLflow store (default: ./.adaptive-spec)")
+    train.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    train.add_argument("--consumer", default=None, help="consumer name in the stream's group, stable across "
+                                                        "restarts (default: trainer-<hostname>)")
+    train.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's)")
+    train.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    train.add_argument("--device", default="auto")
+    train.add_argument("--min-new-records", type=_positive_int, default=16,
+                       help="new training records before a round (default: %(default)s)")
+    train.add_argument("--round-steps", type=_positive_int, default=20, help="optimiser steps per round (default: %(default)s)")
+    train.add_argument("--gate-min-positions", type=_positive_int, default=1000,
+                       help="held-out positions the gate needs before it may promote (default: %(default)s)")
+    train.add_argument("--checkpoint-every-s", type=float, default=30.0, help="default: %(default)s")
+    train.add_argument("--budget-minutes", type=float, default=None, help="stop after this long (default: never)")
+    train.set_defaults(func=cmd_train)
+
+    adapters = commands.add_parser(
+        "adapters", help="the adapter registry: list, rollback, promote",
+        description="The draft's adapters in MLflow (MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db). Servers follow "
+                    "the 'champion' alias within seconds. Rollbacks and promotions are recorded with who made them.")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--data-dir", type=Path, default=None, help="default: $ADAPTIVE_SPEC_DATA_DIR or ./.adaptive-spec")
+    where.add_argument("--registered-model", default=None, help="default: adaptive-spec-draft")
+    actions = adapters.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", parents=[where], help="versions with created time, gate figures and aliases")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    back = actions.add_parser("rollback", parents=[where], help="champion <- previous, or <- --to VERSION")
+    back.add_argument("--to", default=None, metavar="VERSION")
+    forward = actions.add_parser("promote", parents=[where], help="champion <- VERSION, previous <- the old champion")
+    forward.add_argument("version", metavar="VERSION")
+    adapters.set_defaults(func=cmd_adapters)
     return parser
 
 
@@ -248,6 +291,69 @@ def cmd_serve(args) -> int:
     run(Settings.from_env(host=args.host, port=args.port, data_dir=args.data_dir, target=args.target,
                           draft=args.draft, k=args.k, dtype=args.dtype, device=args.device))
     return 0
+
+
+def cmd_train(args) -> int:
+    from adaptive_spec.models import data_dir
+    from trainer.main import TrainSettings, run_trainer
+
+    logging.getLogger("trainer").setLevel(logging.INFO)  # a daemon: progress is its output
+    if args.data_dir:
+        os.environ["ADAPTIVE_SPEC_DATA_DIR"] = str(args.data_dir)  # the model cache follows it
+    settings = TrainSettings(
+        target=args.target, draft=args.draft, data_dir=args.data_dir or data_dir(),
+        redis_url=args.redis_url or os.environ.get("REDIS_URL"), consumer=args.consumer, device=args.device,
+        dtype=args.dtype, threads=args.threads, min_new_records=args.min_new_records, round_steps=args.round_steps,
+        gate_min_positions=args.gate_min_positions, checkpoint_every_s=args.checkpoint_every_s,
+        budget_s=args.budget_minutes * 60 if args.budget_minutes else None)
+    counters = run_trainer(settings)
+    print(json.dumps(counters), file=sys.stderr)
+    return 0
+
+
+def cmd_adapters(args) -> int:
+    from adaptive_spec.models import data_dir
+    from trainer.registry import MODEL_NAME, AdapterRegistry, RegistryUnavailable, actor
+
+    registry = AdapterRegistry(data_dir=args.data_dir or data_dir(), redis_url=os.environ.get("REDIS_URL"),
+                               model_name=args.registered_model or MODEL_NAME)
+    try:
+        if args.action == "list":
+            versions = registry.versions()
+            if args.json:
+                print(json.dumps([v.as_dict() for v in versions], indent=2))
+            else:
+                print(_adapter_table(versions) if versions else f"no versions of {registry.model_name} in {registry!r}")
+            return 0
+        if args.action == "rollback":
+            event = registry.rollback(to=args.to, by=actor("cli"))
+        else:
+            event = registry.promote(args.version, by=actor("cli"))
+    except RegistryUnavailable as exc:
+        print(f"adaptive-spec: error: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        registry.close()
+    moved = f"{event['from'] or 'none'} -> {event['version']}" if event.get("changed") else f"already {event['version']}"
+    print(f"{event['event']}: champion {moved} (by {event['by']})")
+    return 0
+
+
+def _adapter_table(versions) -> str:
+    import time as _time
+
+    def figure(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    rows = [("VERSION", "CREATED", "GATE MATCH", "CHAMPION MATCH", "LOSS", "ALIASES", "LAST ACTION")]
+    for v in versions:
+        action = v.tags.get("adaptive_spec.last_action")
+        rows.append((v.version, _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(v.created_at)),
+                     figure(v.candidate_greedy_match), figure(v.champion_greedy_match), figure(v.loss),
+                     ",".join(v.aliases) or "-",
+                     f"{action} by {v.tags.get('adaptive_spec.last_action_by')}" if action else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
 class _redis_url:

@@ -1,0 +1,90 @@
+"""Admin routes: the adapter registry from HTTP. Every route needs the admin token.
+
+    H="Authorization: Bearer $ADAPTIVE_SPEC_ADMIN_TOKEN"
+    curl -s -H "$H" localhost:8000/admin/adapters                                  # versions, aliases, served
+    curl -s -H "$H" -X POST localhost:8000/admin/adapters/rollback                 # champion <- previous
+    curl -s -H "$H" -X POST localhost:8000/admin/adapters/rollback -d '{"to": "2"}'
+    curl -s -H "$H" -X POST localhost:8000/admin/adapters/promote -d '{"version": "3"}'
+
+No token configured (ADAPTIVE_SPEC_ADMIN_TOKEN unset): every route answers 403. A missing or wrong
+token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (trainer/registry.py),
+is recorded with `by` = "admin-api:<who>@<client address>" (`who` from the optional body field
+`by`, else "token"), and wakes this server's watcher, which swaps at once; other servers follow
+the pub/sub event or their next alias poll. Errors: unknown version 404, nothing to roll back to
+409, no registry configured or MLflow unreachable 503.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from service.deps import AdminToken, ServiceDep
+from service.errors import APIError
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminToken])
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | int | None = None  # a version; None = the `previous` alias
+    by: str | None = None
+
+
+class PromoteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str | int
+    by: str | None = None
+
+
+@router.get("/adapters")
+def list_adapters(service: ServiceDep) -> dict:
+    registry = _registry(service)
+    versions = _call(registry.versions)
+    aliases = _call(registry.aliases)
+    return {"object": "list", "model": registry.model_name, "served_version": service.engine.adapter_version,
+            "aliases": aliases, "refused": dict(service.watcher.refused) if service.watcher else {},
+            "data": [version.as_dict() for version in versions]}
+
+
+@router.post("/adapters/rollback")
+def rollback(service: ServiceDep, request: Request, body: RollbackRequest | None = None) -> dict:
+    body = body or RollbackRequest()
+    event = _call(_registry(service).rollback, to=body.to, by=_by(request, body.by))
+    return _after(service, event)
+
+
+@router.post("/adapters/promote")
+def promote(service: ServiceDep, request: Request, body: PromoteRequest) -> dict:
+    event = _call(_registry(service).promote, body.version, by=_by(request, body.by))
+    return _after(service, event)
+
+
+def _registry(service):
+    if service.registry is None:
+        raise APIError(503, "no adapter registry is configured: set MLFLOW_TRACKING_URI (or run the trainer with "
+                            "this server's --data-dir) and restart", code="no_registry")
+    return service.registry
+
+
+def _call(function, *args, **kwargs):
+    from trainer.registry import RegistryError, RegistryUnavailable
+
+    try:
+        return function(*args, **kwargs)
+    except RegistryUnavailable as exc:
+        raise APIError(503, str(exc), code="registry_unavailable") from None
+    except RegistryError as exc:
+        missing = "has no version" in str(exc)
+        raise APIError(404 if missing else 409, str(exc), code="unknown_version" if missing else "conflict") from None
+
+
+def _by(request: Request, who: str | None) -> str:
+    host = request.client.host if request.client else "unknown"
+    return f"admin-api:{(who or 'token')[:64]}@{host}"
+
+
+def _after(service, event: dict) -> dict:
+    if service.watcher is not None and event.get("changed", True):
+        service.watcher.wake(event)
+    return {"event": event, "served_version": service.engine.adapter_version}

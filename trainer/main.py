@@ -1,0 +1,134 @@
+"""`adaptive-spec train`: the online trainer alone, as a long-lived process (`adaptive-spec up` runs it as
+a child).
+
+    REDIS_URL=redis://127.0.0.1:6379/0 adaptive-spec train                 # defaults: the built-in model, early-exit:4
+    adaptive-spec train --redis-url redis://127.0.0.1:6379/0 --data-dir ./.adaptive-spec --threads 1
+    # small CPU variant (a local tiny model directory, promotes after a few dozen records):
+    adaptive-spec train --target ./tiny --draft early-exit:1 --gate-min-positions 200 --min-new-records 8
+
+It reads correction records from `adaptive_spec:corrections` (consumer group, at-least-once), trains
+the draft's LoRA adapter, and every adapter its gate accepts is written to `<data-dir>/adapters/vNNNN`
+and registered and promoted in MLflow (trainer/registry.py: `MLFLOW_TRACKING_URI`, else
+`<data-dir>/mlflow.db`). Checkpoints go to `<data-dir>/trainer`; a restarted trainer resumes from
+the last one and re-reads what it had not acknowledged.
+
+SIGTERM or SIGINT: the round under way finishes, a last checkpoint is written, the registration queue
+gets one more try, and the process exits 0. MLflow down: training goes on; promoted adapters wait in
+`<data-dir>/registry-pending.json` and are registered when MLflow answers again (also after a restart).
+Redis is never started here: without REDIS_URL or --redis-url the command fails at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class TrainerSetupError(ValueError):
+    """The trainer cannot start: no Redis configured or reachable, or a draft that takes no adapter."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    target: str
+    draft: str
+    data_dir: Path
+    redis_url: str | None
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else <data_dir>/mlflow.db
+    consumer: str | None = None  # stable across restarts: None = "trainer-<hostname>"
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None  # torch threads; None keeps torch's default
+    budget_s: float | None = None  # stop after this much wall time; None = until a signal
+    checkpoint_every_s: float = 30.0
+    min_new_records: int = 16
+    round_steps: int = 20
+    gate_min_positions: int = 1000
+    retry_s: float = 10.0  # between registration attempts while MLflow is down
+
+
+def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) -> dict:
+    """Load the models, train until `stop` (or SIGTERM/SIGINT in the main thread); returns the counters."""
+    import redis
+    import torch
+
+    from adaptive_spec.drafters.early_exit import build_early_exit
+    from adaptive_spec.models import load_model, resolve_device, resolve_dtype
+    from trainer.gate import Gate
+    from trainer.online import OnlineTrainer
+    from trainer.registry import AdapterRegistry, PendingRegistrations
+    from trainer.stream import CorrectionStream
+
+    if not settings.redis_url:
+        raise TrainerSetupError("the trainer reads correction records from Redis: set REDIS_URL or pass --redis-url "
+                                "(`adaptive-spec up` starts one for you)")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5.0)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise TrainerSetupError(f"cannot reach Redis at {_redacted(settings.redis_url)}: {exc}") from None
+
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    kind, _, arg = settings.draft.partition(":")
+    if kind == "ngram":
+        raise TrainerSetupError("the ngram draft has no weights to train; use early-exit:N or a draft model")
+    if kind == "early-exit" and arg.isdigit():  # the records hold the target's top-m: the target only lends layers
+        log.info("loading %s for the draft %s on %s in %s", settings.target, settings.draft, device, dtype)
+        draft_model = build_early_exit(load_model(settings.target, device, dtype)[0], int(arg))
+    else:
+        log.info("loading the draft %s on %s in %s", settings.draft, device, dtype)
+        draft_model = load_model(settings.draft, device, dtype)[0]
+
+    data_dir = Path(settings.data_dir)
+    consumer = settings.consumer or f"trainer-{socket.gethostname()}"
+    registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
+    pending = PendingRegistrations(registry, data_dir / "registry-pending.json", by=f"trainer:{consumer}",
+                                   retry_s=settings.retry_s).start()
+    stream = CorrectionStream(client, consumer=consumer)
+    trainer = OnlineTrainer(draft_model, stream, data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
+                            gate=Gate(min_positions=settings.gate_min_positions),
+                            min_new_records=settings.min_new_records, round_steps=settings.round_steps,
+                            target_id=settings.target, draft_id=settings.draft, on_promote=pending.submit)
+    log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
+
+    stop = stop or threading.Event()
+    restore = _stop_on_signals(stop)
+    try:
+        counters = trainer.run(stop, budget_s=settings.budget_s, checkpoint_every_s=settings.checkpoint_every_s)
+    finally:
+        restore()
+        left = pending.stop(timeout=15.0)
+        registry.close()
+        client.close()
+    counters["registrations_pending"] = left
+    counters["registered_versions"] = pending.registered
+    log.info("trainer stopped: %s", counters)
+    return counters
+
+
+def _stop_on_signals(stop: threading.Event):
+    """SIGTERM and SIGINT set `stop` (main thread only); returns a function that restores the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        log.info("%s: finishing the current round, checkpointing, then exiting", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+
+
+def _redacted(url: str) -> str:
+    from service.settings import redact_url
+
+    return redact_url(url)
