@@ -42,5 +42,6 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(ops.router)
+    dashboard.install(app)
     app.include_router(admin.router)
     return app

@@ -17,7 +17,7 @@ from adaptive_spec.record import record_from_output
 from service.correction_log import CorrectionLogWriter
 from service.metrics import ServiceMetrics
 from service.settings import Settings
-from service.timeseries import DriftSettings, StatsCollector, StatsRecorder
+from service.timeseries import DriftSettings, StatsCollector, StatsRecorder, find_adapter_metadata
 from service.worker import EngineWorker, Job
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class Service:
                                          queue_size=settings.log_queue_size)
             drift = DriftSettings(settings.drift_window_s, settings.drift_fraction, settings.drift_min_drafts)
             stats = StatsRecorder(settings.redis_url, retention_s=settings.stats_retention_s, drift=drift,
-                                  served_version=lambda: engine.adapter_version).start()
+                                  served_version=lambda: engine.adapter_version,
+                                  metadata_for=lambda version: find_adapter_metadata(settings.data_dir, version)).start()
         service = cls(settings, engine, writer, stats)
         service.worker.start()
         from service.watcher import start_watcher  # imports MLflow only when a registry is configured

@@ -128,18 +128,21 @@ class StatsRecorder:
 
     def __init__(self, redis_url: str, *, retention_s: float = 7 * 86400, drift: DriftSettings | None = None,
                  served_version: Callable[[], str | None] | None = None, flush_every_s: float = 1.0,
-                 replica: str | None = None, client: redis.Redis | None = None) -> None:
+                 replica: str | None = None, client: redis.Redis | None = None,
+                 metadata_for: Callable[[str], dict | None] | None = None) -> None:
         self.redis = client or redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=1.0,
                                                     health_check_interval=30)
         self.retention_s = int(retention_s)
         self.drift_settings = drift or DriftSettings()
-        self.served_version = served_version or (lambda: None)
+        self.served_version = served_version  # what the engine serves now; None: unknown
+        self.metadata_for = metadata_for  # version -> adapter metadata, for marks that came without it
         self.flush_every_s = flush_every_s
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self.drift_state = DriftState()
         self._pending: dict[str, dict[str, float]] = {}  # bucket key -> field -> increment
         self._pending_events: list[dict[str, str]] = []
         self._pending_adapters: dict[str, str] = {}
+        self._known_adapters: set[str] = set()  # versions whose gate figures were stored or looked for
         self._domains: set[str] = set()
         self._last_version: object = _UNSEEN
         self._lock = threading.Lock()
@@ -191,7 +194,11 @@ class StatsRecorder:
         """A swap marker when the served version differs from the one last seen or marked here.
 
         The first version seen is the starting point, not a swap. An explicit `mark` for the same
-        version later replaces the observed marker's kind and author (see `mark`)."""
+        version later replaces the observed marker's kind and author (see `mark`). A request that
+        finished on the old version but is counted after the swap is not a swap back: an
+        observation that is no longer what the engine serves is ignored."""
+        if self.served_version is not None and _label(version) != _label(self.served_version()):
+            return
         with self._lock:
             previous, self._last_version = self._last_version, _label(version)
         if previous is not _UNSEEN and previous != _label(version):
@@ -224,6 +231,7 @@ class StatsRecorder:
                 "records_consumed": metadata.get("records_consumed"), "loaded_at": time.time()}
         with self._lock:
             self._pending_adapters[_label(version)] = json.dumps(info, default=_json_safe)
+            self._known_adapters.add(_label(version))
 
     def _queue_event(self, kind: str, version: str | None, by: str, at: float | None,
                      supersede_observed: bool = False) -> None:
@@ -258,7 +266,7 @@ class StatsRecorder:
             if time.monotonic() >= next_drift:
                 next_drift = time.monotonic() + min(10.0, self.drift_settings.window_s)
                 try:
-                    self.drift_state = self.drift(self.served_version())
+                    self.drift_state = self.drift(self.served_version() if self.served_version else None)
                 except redis.RedisError as exc:
                     self.counts["errors"] += 1
                     log.debug("drift check failed: %s", exc)
@@ -270,6 +278,10 @@ class StatsRecorder:
                 pending, self._pending = self._pending, {}
                 events, self._pending_events = self._pending_events, []
                 adapters, self._pending_adapters = self._pending_adapters, {}
+            self._look_up_metadata([e["version"] for e in events])
+            with self._lock:
+                adapters.update(self._pending_adapters)
+                self._pending_adapters = {}
             if not pending and not events and not adapters:
                 return True
             try:
@@ -304,6 +316,20 @@ class StatsRecorder:
                     self._pending_events[:0] = events[: max(0, 1000 - len(self._pending_events))]
                     self._pending_adapters = {**adapters, **self._pending_adapters}
                 return False
+
+    def _look_up_metadata(self, versions: list[str]) -> None:
+        """Gate figures of versions marked without them (an observed swap, a watcher's mark)."""
+        for version in dict.fromkeys(versions):
+            if version == BASE or version in self._known_adapters or self.metadata_for is None:
+                continue
+            self._known_adapters.add(version)
+            try:
+                metadata = self.metadata_for(version)
+            except Exception:  # a marker without figures is better than no marker
+                log.exception("looking up the metadata of adapter %s failed", version)
+                continue
+            if metadata:
+                self.adapter_loaded(version, metadata)
 
     def _supersede_observed(self, event: dict[str, str]) -> None:
         """Delete this replica's recent observed marker for the same version (flushed already)."""
@@ -465,6 +491,20 @@ class StatsCollector:
                                   "(retried).", value=counts["errors"])
         yield CounterMetricFamily(name + "stats_store_dropped_buckets", "Dashboard buckets dropped while Redis was "
                                   "away too long.", value=counts["dropped_keys"])
+
+
+def find_adapter_metadata(data_dir: str | Path, version: str) -> dict | None:
+    """The metadata of a served version from the data directory: the adapter watcher's download
+    cache (`adapter-cache/v{version}-{sha}`) or the trainer's output (`adapters/v{NNNN}`)."""
+    data_dir = Path(data_dir)
+    candidates = sorted((data_dir / "adapter-cache").glob(f"v{version}-*"), key=lambda p: p.stat().st_mtime)
+    if version.isdigit():
+        candidates.append(data_dir / "adapters" / f"v{int(version):04d}")
+    for directory in reversed(candidates):
+        metadata = read_adapter_metadata(directory)
+        if metadata:
+            return metadata
+    return None
 
 
 def read_adapter_metadata(adapter_dir: str | Path) -> dict:

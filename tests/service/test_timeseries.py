@@ -223,3 +223,18 @@ def test_pending_buckets_are_bounded_while_redis_is_away():
     assert len(stats._pending) <= MAX_PENDING_KEYS and stats.counts["dropped_keys"] > 0
     newest = bucket_key(10, T0 + 10 * 1999)
     assert newest in stats._pending  # the oldest go first
+
+
+def test_a_request_counted_after_the_swap_is_not_a_swap_back(redis_client, redis_url):
+    served = {"version": None}
+    stats = recorder(redis_url, served_version=lambda: served["version"])
+    stats.observe_version(None)
+    served["version"] = "1"
+    stats.mark("swap", "1", by="watcher")
+    stats.observe_version(None)  # a request that ended on the base draft, counted just after the swap
+    stats.observe_version("1")
+    served["version"] = "2"  # a swap nobody marked
+    stats.observe_version("2")
+    stats.flush()
+    events = stats.events(0, time.time() + 1)
+    assert [(e["kind"], e["version"], e["by"]) for e in events] == [("swap", "1", "watcher"), ("swap", "2", "observed")]
