@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import errors
 from service.body_limit import BodyLimit
-from service.routers import admin, openai, ops
+from service.routers import admin, dashboard, openai, ops
 from service.runtime import Service
 from service.settings import Settings
 
@@ -42,6 +42,6 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(ops.router)
-    dashboard.install(app)
     app.include_router(admin.router)
+    dashboard.install(app)
     return app
