@@ -205,8 +205,9 @@ class StatsRecorder:
             self._queue_event("swap", version, "observed", at)
 
     def mark(self, kind: str, version: str | None, by: str | None = None, *, adapter_dir: str | Path | None = None,
-             metadata: dict | None = None) -> None:
-        """Record a swap or rollback to `version` (None = the base draft) by `by`. Never blocks.
+             metadata: dict | None = None, at: float | None = None) -> None:
+        """Record a swap or rollback to `version` (None = the base draft) by `by`, at `at` (default
+        now). Never blocks.
 
         `adapter_dir` (or its parsed `metadata`) also stores the adapter's gate figures, which
         the summary and the drift alert compare live acceptance with."""
@@ -221,7 +222,7 @@ class StatsRecorder:
             # the request path may have seen this swap first: the explicit marker supersedes it
             self._pending_events = [e for e in self._pending_events
                                     if not (e["by"] == "observed" and e["version"] == _label(version))]
-        self._queue_event(kind, version, by or "unknown", None, supersede_observed=True)
+        self._queue_event(kind, version, by or "unknown", at, supersede_observed=True)
 
     def adapter_loaded(self, version: str | None, metadata: dict) -> None:
         """Keep an adapter's gate figures (from its adaptive_spec_adapter.json) for the summary."""
@@ -378,16 +379,19 @@ class StatsRecorder:
         index = {t: i for i, t in enumerate(times)}
         by_version: dict[str, list[dict]] = {}
         by_domain: dict[str, list[dict]] = {}
+        parsed: dict[str, list[tuple[list, str]]] = {}  # field -> [(the series it adds to, name)], parsed once
         for bucket, fields in self.read_buckets(start, end, resolution):
             slot = index.get(bucket // step * step)
             if slot is None:
                 continue
             for field, value in fields.items():
-                version, domain, name = field.split("|", 2)
-                for table, label in ((by_version, version), (by_domain, domain if version != TARGET_ALONE else None)):
-                    if label is None:
-                        continue
-                    sums = table.setdefault(label, [None] * len(times))
+                targets = parsed.get(field)
+                if targets is None:
+                    version, domain, name = field.split("|", 2)
+                    targets = parsed[field] = [(by_version.setdefault(version, [None] * len(times)), name)]
+                    if version != TARGET_ALONE:  # the baseline is not a domain's traffic
+                        targets.append((by_domain.setdefault(domain, [None] * len(times)), name))
+                for sums, name in targets:
                     if sums[slot] is None:
                         sums[slot] = {}
                     sums[slot][name] = sums[slot].get(name, 0.0) + value
@@ -410,11 +414,14 @@ class StatsRecorder:
     def events(self, start: float, end: float, limit: int = 1000) -> list[dict]:
         """Swap and rollback markers in [start, end], oldest first; one per (kind, version, author) a
         minute, with the replicas that reported it counted."""
-        raw = self.redis.xrange(EVENTS_KEY, int(start * 1000), int(end * 1000), count=limit)
+        # entry ids are write times, which trail the event's own time by at most a flush or a Redis outage
+        raw = self.redis.xrange(EVENTS_KEY, max(0, int((start - 600) * 1000)), int((end + 3600) * 1000), count=limit)
         merged: list[dict] = []
-        for _, fields in raw:
+        for _, fields in sorted(raw, key=lambda entry: float(_decode(entry[1]).get("t", 0))):
             fields = _decode(fields)
             t = float(fields.get("t", 0))
+            if not start <= t <= end:
+                continue
             event = {"t": t, "kind": fields.get("kind"), "version": fields.get("version"), "by": fields.get("by"),
                      "replicas": 1}
             same = next((e for e in reversed(merged[-20:]) if e["kind"] == event["kind"]
@@ -449,14 +456,14 @@ class StatsRecorder:
         if greedy_match is None and expected_acceptance is None:
             state.reason = "no gate figures for the served version" if version is not None else "base draft: no gate"
             return state
-        if drafts < settings.min_drafts:
-            state.reason = f"{drafts} drafting steps in the window, the alert needs {settings.min_drafts}"
-            return state
-        greedy_share = sums.get("drafts_greedy", 0.0) / drafts
+        greedy_share = sums.get("drafts_greedy", 0.0) / drafts if drafts else 1.0
         greedy_match = expected_acceptance if greedy_match is None else greedy_match
         expected_acceptance = greedy_match if expected_acceptance is None else expected_acceptance
         state.expected = greedy_share * greedy_match + (1 - greedy_share) * expected_acceptance
         state.threshold = settings.fraction * state.expected
+        if drafts < settings.min_drafts:
+            state.reason = f"{drafts} drafting steps in the window, the alert needs {settings.min_drafts}"
+            return state
         state.alert = state.first_token_acceptance < state.threshold
         state.reason = (f"first-token acceptance {state.first_token_acceptance:.3f} "
                         f"{'<' if state.alert else '>='} {settings.fraction} x gated {state.expected:.3f}")

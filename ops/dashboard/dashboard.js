@@ -54,7 +54,10 @@ function markersPlugin() {
       ctx.setLineDash(dash.map(d => d * dpr));
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
       ctx.font = `${11 * dpr}px system-ui, sans-serif`;
-      ctx.fillText(`${event.kind} → ${versionName(event.version)}`, x + 4 * dpr, top + (12 + 12 * (counts.swap + counts.rollback) % 48) * dpr);
+      const nearRightEdge = x > u.bbox.left + 0.8 * u.bbox.width;
+      ctx.textAlign = nearRightEdge ? "right" : "left";
+      const row = (counts.swap + counts.rollback + counts.promote) % 4;  // stagger labels of close markers
+      ctx.fillText(`${event.kind} → ${versionName(event.version)}`, x + (nearRightEdge ? -4 : 4) * dpr, top + (12 + 12 * row) * dpr);
       ctx.restore();
       counts[event.kind] = (counts[event.kind] || 0) + 1;
     }
@@ -66,15 +69,15 @@ function markersPlugin() {
   }] } };
 }
 
-function drawChart(id, series, figure, range, { height = 220, withMarkers = false, skip = [] } = {}) {
+function drawChart(id, series, figure, range, { height = 220, withMarkers = false, skip = [], y = null } = {}) {
   const container = document.getElementById(id);
   const versions = Object.keys(series.by_version).filter(v => !skip.includes(v));
   const data = [series.t, ...versions.map(v => series.by_version[v][figure])];
   const opts = {
     width: Math.max(300, container.clientWidth), height,
-    scales: { x: { time: true, range: () => range } },
+    scales: { x: { time: true, range: () => range }, ...(y ? { y: { range: () => y } } : {}) },
     series: [{}, ...versions.map(v => ({ label: versionName(v), stroke: colorFor(v), width: 2, spanGaps: false,
-                                         points: { show: true, size: 4, fill: colorFor(v) },
+                                         points: { show: true, size: 6, fill: colorFor(v) },
                                          value: (u, value) => fmt(value) }))],
     axes: [{}, { size: 50 }],
     plugins: withMarkers ? [markersPlugin()] : [],
@@ -172,7 +175,7 @@ async function refresh() {
     state.series = series;
     state.summary = summary;
     const range = [series.from, series.to];
-    const drawn = drawChart("acceptance-chart", series, "acceptance_rate", range, { height: 280, withMarkers: true, skip: ["target"] });
+    const drawn = drawChart("acceptance-chart", series, "acceptance_rate", range, { height: 280, withMarkers: true, skip: ["target"], y: [0, 1] });
     drawChart("length-chart", series, "mean_acceptance_length", range, { withMarkers: true, skip: ["target"] });
     drawChart("speed-chart", series, "tokens_per_s", range, { withMarkers: true });
     state.versionsDrawn = Object.fromEntries(Object.entries(drawn).filter(([, n]) => n > 0));
@@ -201,6 +204,10 @@ function schedule() {
   if (document.getElementById("auto").checked) timer = setInterval(refresh, REFRESH_MS);
 }
 
+const wanted = new URLSearchParams(location.search).get("range");  // e.g. /dashboard?range=86400
+if (wanted && [...document.getElementById("range").options].some(o => o.value === wanted)) {
+  document.getElementById("range").value = wanted;
+}
 document.getElementById("range").addEventListener("change", refresh);
 document.getElementById("auto").addEventListener("change", schedule);
 window.addEventListener("resize", () => { if (state.series) refresh(); });
