@@ -1,0 +1,185 @@
+"""The files in ops/ read against the code: Docker and Kubernetes cannot run here, so every
+command must parse with the real CLI, every environment name must be one the code reads, ports
+must agree, and every metric an alert rule names must be one a live server exports.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/ops/test_ops_files.py -q
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import fields
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import yaml
+
+from adaptive_spec.cli import build_parser
+from service.settings import _ENV_NAMES, Settings
+
+OPS = Path(__file__).resolve().parents[2] / "ops"
+K8S = OPS / "k8s" / "adaptive-spec.yaml"
+COMPOSE = OPS / "compose.yaml"
+ALERTS = OPS / "prometheus" / "alerts.yml"
+# What the server reads (Settings.from_env) plus what the trainer and the CLI read (cli.py epilog).
+SETTINGS_ENV = {"REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
+                for f in fields(Settings)}
+KNOWN_ENV = SETTINGS_ENV | {"MLFLOW_TRACKING_URI", "ADAPTIVE_SPEC_DATA_DIR"}
+METRIC = re.compile(r"\badaptive_spec:[a-z_:]+")
+
+
+def k8s_docs() -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(K8S.read_text()) if doc]
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def adaptive_spec_containers() -> list[tuple[str, list[str], dict[str, str]]]:
+    """(where, command, env) of every container or service that runs `adaptive-spec`."""
+    found = []
+    for doc in k8s_docs():
+        if doc["kind"] != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            if container.get("command", [None])[0] == "adaptive-spec":
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                found.append((f"k8s {doc['metadata']['name']}/{container['name']}", container["command"], env))
+    for name, service in compose()["services"].items():
+        command = service.get("command")
+        if command and command[0] == "adaptive-spec":
+            found.append((f"compose {name}", command, dict(service.get("environment", {}))))
+    return found
+
+
+def runbook_commands() -> list[list[str]]:
+    return [shlex.split(line.strip().split("#")[0]) for line in (OPS / "RUNBOOK.md").read_text().splitlines()
+            if line.strip().startswith("adaptive-spec ")]
+
+
+def parse(command: list[str]):
+    """The CLI's own parser; argparse exits on an unknown command or flag."""
+    try:
+        return build_parser().parse_args(command[1:])
+    except SystemExit:
+        pytest.fail(f"`{shlex.join(command)}` is not a valid adaptive-spec command line")
+
+
+def test_the_files_parse_and_run_both_commands_that_the_design_needs():
+    roles = {command[1] for _, command, _ in adaptive_spec_containers()}
+    assert roles == {"serve", "train"}
+    kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in k8s_docs()}
+    assert {("Service", "redis"), ("Service", "mlflow"), ("Deployment", "adaptive-spec-trainer"),
+            ("Deployment", "app")} <= kinds
+    app = next(doc for doc in k8s_docs() if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "app")
+    names = [c["name"] for c in app["spec"]["template"]["spec"]["containers"]]
+    assert "adaptive-spec" in names and len(names) == 2  # a sidecar next to the app container
+
+
+@pytest.mark.parametrize("where, command, env", adaptive_spec_containers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_command_is_a_real_cli_line_with_known_environment(where, command, env):
+    args = parse(command)
+    assert args.command in {"serve", "train"}
+    unknown = set(env) - KNOWN_ENV
+    assert not unknown, f"{where}: environment names no code reads: {unknown}"
+    assert {"REDIS_URL", "MLFLOW_TRACKING_URI"} <= set(env), f"{where}: needs Redis and MLflow"
+    if args.command == "serve":
+        assert "ADAPTIVE_SPEC_ADMIN_TOKEN" in env and args.host == "0.0.0.0"
+    values = {name: value for name, value in env.items() if name in SETTINGS_ENV and value is not None
+              and not value.startswith("$")}
+    Settings.from_env(values)  # every value parses and passes the settings' checks
+
+
+@pytest.mark.parametrize("command", runbook_commands(), ids=shlex.join)
+def test_runbook_commands_parse(command):
+    parse(command)
+
+
+def test_ports_and_addresses_agree():
+    docs = k8s_docs()
+    services = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Service"}
+    app = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "app")
+    pod = app["spec"]["template"]
+    sidecar = next(c for c in pod["spec"]["containers"] if c["name"] == "adaptive-spec")
+    port = parse(sidecar["command"]).port
+    assert [p["containerPort"] for p in sidecar["ports"]] == [port]
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert any(e.get("value") == f"http://127.0.0.1:{port}/v1" for c in pod["spec"]["containers"] for e in c.get("env", []))
+    secret_refs = [e["valueFrom"]["secretKeyRef"] for e in sidecar["env"] if "valueFrom" in e]
+    secrets = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Secret"}
+    for ref in secret_refs:
+        assert ref["key"] in secrets[ref["name"]]["stringData"]
+    for _, command, env in adaptive_spec_containers():
+        redis_url, mlflow_url = urlsplit(env["REDIS_URL"]), urlsplit(env["MLFLOW_TRACKING_URI"])
+        assert redis_url.hostname == "redis" and mlflow_url.hostname == "mlflow"
+        assert redis_url.port in {p["port"] for p in services["redis"]["spec"]["ports"]}
+        assert mlflow_url.port in {p["port"] for p in services["mlflow"]["spec"]["ports"]}
+        mlflow_server = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "mlflow")
+        mlflow_command = mlflow_server["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert mlflow_command[mlflow_command.index("--port") + 1] == str(mlflow_url.port)
+
+    services = compose()["services"]
+    serve = parse(services["adaptive-spec"]["command"])
+    assert f"{serve.port}:{serve.port}" in services["adaptive-spec"]["ports"]
+    scrape = yaml.safe_load((OPS / "prometheus" / "prometheus.yml").read_text())
+    targets = [t for job in scrape["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
+    assert targets == [f"adaptive-spec:{serve.port}"]
+    mounted = services["prometheus"]["volumes"][0].split(":")[0]
+    assert (COMPOSE.parent / mounted / "prometheus.yml").is_file()
+    for config in ("prometheus.yml", "prometheus-k8s.yml"):
+        rules = yaml.safe_load((OPS / "prometheus" / config).read_text())["rule_files"]
+        assert all((OPS / "prometheus" / rule).is_file() for rule in rules)
+
+
+def test_alert_rules_name_only_metrics_the_server_exports(live_server, tiny_engine, redis_url):
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert {"AdaptiveSpecAcceptanceDrift", "AdaptiveSpecNoTraffic", "AdaptiveSpecRequestsFailing"} <= {
+        r["alert"] for r in rules}
+    for rule in rules:
+        assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"} and rule["annotations"]["summary"]
+    used = {name for rule in rules for name in METRIC.findall(rule["expr"])}
+    assert "adaptive_spec:drift_alert" in used
+    with live_server(tiny_engine, redis_url=redis_url) as server:
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": [1, 2, 3], "max_tokens": 4},
+                   timeout=60).raise_for_status()
+        exposition = httpx.get(server.url + "/metrics").text
+    exported = set()
+    for line in exposition.splitlines():
+        match = METRIC.match(line.split(" ", 2)[2] if line.startswith("# HELP ") else line)
+        if match:
+            exported.add(match.group(0))
+    missing = used - exported
+    assert not missing, f"alert rules name metrics the server does not export: {missing}"
+
+
+def test_routes_the_runbook_names_exist(live_server, tiny_engine, redis_url):
+    text = (OPS / "RUNBOOK.md").read_text()
+    paths = set(re.findall(r"(/(?:dashboard|metrics|health|admin/[a-z/]+|api/stats/[a-z]+))\b", text))
+    assert {"/dashboard", "/admin/adapters/rollback", "/api/stats/summary"} <= paths
+    with live_server(tiny_engine, redis_url=redis_url) as server:
+        for path in sorted(paths):
+            if path.startswith("/admin/"):  # POST routes; no admin token is configured: refused, not missing
+                assert httpx.post(server.url + path).status_code == 403, path
+            else:
+                assert httpx.get(server.url + path).status_code == 200, path
+
+
+def test_the_chart_library_is_vendored_at_a_pinned_version():
+    vendor = OPS / "dashboard" / "vendor"
+    readme = (vendor / "README.md").read_text()
+    version = re.search(r"uPlot \*\*(\d+\.\d+\.\d+)\*\*", readme).group(1)
+    assert f"npm pack uplot@{version}" in readme
+    assert (vendor / "uPlot.LICENSE").read_text().startswith("The MIT License")
+    for name in ("uPlot.iife.min.js", "uPlot.min.css"):
+        digest = hashlib.sha256((vendor / name).read_bytes()).hexdigest()
+        assert f"| {name} | {digest} |" in readme, f"{name} changed without its README line"
+    page = (OPS / "dashboard" / "index.html").read_text() + (OPS / "dashboard" / "dashboard.js").read_text()
+    assert not re.search(r"https?://(?!127\.0\.0\.1)", page.replace("http://www.w3.org", "")), "no external URLs"
