@@ -189,10 +189,11 @@ class AdapterRegistry:
             if old == version:  # nothing moves, nothing to record
                 return {"event": action, "model": self.model_name, "version": version, "from": old, "by": by,
                         "at": time.time(), "changed": False}
+            at = self._audit(version, action, by)  # before the alias moves: a watcher reads them with it
             if old is not None:
                 self.client.set_registered_model_alias(self.model_name, PREVIOUS, old)
             self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
-            return self._record(action, version, old, by)
+            return self._record(action, version, old, by, at)
 
     def rollback(self, to: str | int | None = None, *, by: str) -> dict:
         """champion <- `to`, or <- previous (and previous removed) when `to` is None."""
@@ -204,9 +205,10 @@ class AdapterRegistry:
             if target is None:
                 raise RegistryError(f"{self.model_name} has no '{PREVIOUS}' version to roll back to; "
                                     f"name one with --to VERSION (see `adaptive-spec adapters list`)")
+            at = self._audit(target, "rollback", by)
             self.client.set_registered_model_alias(self.model_name, CHAMPION, target)
             self.client.delete_registered_model_alias(self.model_name, PREVIOUS)
-            return self._record("rollback", target, old, by)
+            return self._record("rollback", target, old, by, at)
 
     # ---------------------------------------------------------------- reading
 
@@ -350,13 +352,18 @@ class AdapterRegistry:
             candidate_expected_acceptance=metrics.get("candidate_expected_acceptance"),
             loss=metrics.get("loss"), tags=tags)
 
-    def _record(self, action: str, version: str, old: str | None, by: str) -> dict:
-        """Audit tags on the version and the model, then the pub/sub event (best effort)."""
-        model = self.client.get_registered_model(self.model_name)
-        event = {"event": action, "model": self.model_name, "version": version, "from": old, "by": by,
-                 "at": time.time(), "changed": True, "target_id": model.tags.get("target_id"), "draft_id": model.tags.get("draft_id")}
-        for key, value in ((ACTION_TAG, action), (ACTION_TAG + "_by", by), (ACTION_TAG + "_at", str(event["at"]))):
+    def _audit(self, version: str, action: str, by: str) -> float:
+        """Tags on the version saying what was done to it, by whom, when; returns when."""
+        at = time.time()
+        for key, value in ((ACTION_TAG, action), (ACTION_TAG + "_by", by), (ACTION_TAG + "_at", str(at))):
             self.client.set_model_version_tag(self.model_name, version, key, value)
+        return at
+
+    def _record(self, action: str, version: str, old: str | None, by: str, at: float) -> dict:
+        """The event: as a tag on the registered model, then on pub/sub (best effort)."""
+        model = self.client.get_registered_model(self.model_name)
+        event = {"event": action, "model": self.model_name, "version": version, "from": old, "by": by, "at": at,
+                 "changed": True, "target_id": model.tags.get("target_id"), "draft_id": model.tags.get("draft_id")}
         self.client.set_registered_model_tag(self.model_name, EVENT_TAG, json.dumps(event))
         log.info("%s: %s champion %s -> %s by %s", self.model_name, action, old, version, by)
         self.publish(event)
