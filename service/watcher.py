@@ -35,9 +35,10 @@ removed (or the registered model gone) unloads to the base draft. MLflow unreach
 adapter stays and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
 
 Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`), its pause (how long decoding was
-held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and `on_swap(kind, version, by)` is
-called, kind "rollback" when the event or the version's audit tags say so (or the version number
-went down), else "swap".
+held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and `on_swap(kind, version, by, path)` is
+called (Service passes it to the dashboard's `stats.mark`), kind "rollback" when the registry's
+event says so (or, for an alias moved in the MLflow UI, when the version number went down), else
+"swap"; `by` is the event's, or "mlflow-alias".
 """
 
 from __future__ import annotations
@@ -126,11 +127,11 @@ class AdapterWatcher:
             if champion == served or champion in self.refused:
                 return "unchanged" if champion == served else "refused"
             if champion is None:
-                kind, by = self._describe_change(None, served, {})
-                self._swapped(kind, None, by, self.engine.unload_adapter())
+                kind, by = self._describe_change(None, served)
+                self._swapped(kind, None, by, self.engine.unload_adapter(), None)
                 return "unloaded"
             try:
-                path, tags = self._fetch(champion)
+                path = self._fetch(champion)
                 pause = self.engine.load_adapter(path, champion)
             except RegistryUnavailable as exc:
                 return self._registry_down(exc)
@@ -140,12 +141,12 @@ class AdapterWatcher:
             except AdapterError as exc:
                 self._refuse(champion, exc if isinstance(exc, Refused) else Refused(_reason(exc), str(exc)))
                 return "refused"
-            kind, by = self._describe_change(champion, served, tags)
-            self._swapped(kind, champion, by, pause)
+            kind, by = self._describe_change(champion, served)
+            self._swapped(kind, champion, by, pause, path)
             return "swapped"
 
-    def _fetch(self, version: str) -> tuple[Path, dict]:
-        """Download the version (or reuse the cache) and verify it; returns (directory, its tags)."""
+    def _fetch(self, version: str) -> Path:
+        """Download the version (or reuse the cache) and verify it; returns its directory."""
         described = self.registry.get(version)
         tags = described.tags
         for key, ours in (("target_id", self.engine.target_id), ("draft_id", self.engine.draft_id)):
@@ -170,11 +171,11 @@ class AdapterWatcher:
         except Refused:
             shutil.rmtree(final, ignore_errors=True)  # never reuse bad files; a fixed artifact downloads again
             raise
-        return final, tags
+        return final
 
     # ---------------------------------------------------------------- outcomes
 
-    def _swapped(self, kind: str, version: str | None, by: str | None, pause: float) -> None:
+    def _swapped(self, kind: str, version: str | None, by: str | None, pause: float, path: Path | None) -> None:
         self.swaps.append((kind, version, pause))
         log.info("adapter %s -> %s (%s by %s): decoding held %.2f ms", kind, version or "base draft", kind, by,
                  pause * 1000)
@@ -183,7 +184,7 @@ class AdapterWatcher:
             self.metrics.adapter_swap_pause.set(pause)
         if self.on_swap is not None:
             try:
-                self.on_swap(kind, version, by)
+                self.on_swap(kind, version, by, path)
             except Exception:  # a dashboard marker must never undo or block a swap
                 log.exception("on_swap failed after the swap to %s", version)
 
@@ -203,16 +204,19 @@ class AdapterWatcher:
             self.metrics.adapter_registry_errors.inc()
         return "unavailable"
 
-    def _describe_change(self, version: str | None, served: str | None, tags: dict) -> tuple[str, str | None]:
-        """(kind, by): from the pub/sub event, else the version's fresh audit tags, else the numbers."""
-        from trainer.registry import ACTION_TAG
-
+    def _describe_change(self, version: str | None, served: str | None) -> tuple[str, str | None]:
+        """(kind, by): from a fresh event naming this version (pub/sub, else the registry's last event);
+        with none, the alias was moved outside adaptive-spec (the MLflow UI): a rollback when the
+        version number went down."""
         event = self._events.pop(version, None)
-        if event is not None and time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S:
+        if event is None:  # no pub/sub (or it lost the race): the registry's own record of its last action
+            try:
+                event = self.registry.last_event()
+            except Exception as exc:
+                log.debug("no last event (%s)", exc)
+        if event is not None and event.get("version") == version and \
+                time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S:
             return ("rollback" if event.get("event") == "rollback" else "swap"), event.get("by")
-        at = _float(tags.get(ACTION_TAG + "_at"))
-        if at is not None and time.time() - at < RECENT_ACTION_S:
-            return ("rollback" if tags.get(ACTION_TAG) == "rollback" else "swap"), tags.get(ACTION_TAG + "_by")
         went_down = (version is None and served is not None) or (
             version is not None and served is not None and version.isdigit() and served.isdigit()
             and int(version) < int(served))  # fmt: skip
@@ -279,9 +283,13 @@ def start_watcher(service) -> AdapterWatcher | None:
     if settings.adapter_poll_s <= 0:
         return None
 
-    def mark(kind: str, version: str | None, by: str | None) -> None:
-        stats = getattr(service, "stats", None)
-        if callable(getattr(stats, "mark", None)):
+    def mark(kind: str, version: str | None, by: str | None, path: Path | None) -> None:
+        stats = getattr(service, "stats", None)  # the dashboard store, when there is one
+        if not callable(getattr(stats, "mark", None)):
+            return
+        try:
+            stats.mark(kind, version, by, adapter_dir=path)  # its gate figures, for the drift alert
+        except TypeError:  # a store whose mark() takes no adapter_dir
             stats.mark(kind, version, by)
 
     return AdapterWatcher(service.engine, service.registry, Path(settings.data_dir) / "adapter-cache",

@@ -1,0 +1,279 @@
+"""The adapter watcher: servers follow the registry's champion alias (real MLflow, real Redis, tiny models).
+
+Run: .venv/bin/python -m pytest tests/service/test_watcher.py -q   (about 40 s; the mlflow server ~15 s of it)
+
+What must hold:
+
+- a promotion in the registry is followed by a swap in a running server, through the pub/sub event
+  (the alias poll is set to a minute, so only the event explains a quick swap); the served version
+  shows in the response usage and the metrics, and requests during the swaps all succeed, greedy-equal
+  to the target alone;
+- an alias moved by hand with MlflowClient, as the MLflow UI does, is followed within 10 s, on a
+  `mlflow server`, and is reported as a rollback by "mlflow-alias";
+- a corrupt, incompatible or missing artifact is refused before any swap: the served adapter stays,
+  the refusal is logged and counted once per reason; a good version afterwards is served;
+- greedy output is token-for-token the target's when swaps land between the steps of a generation;
+- the champion alias removed unloads to the base draft; each swap calls the dashboard's stats.mark.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+from mlflow import MlflowClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
+from registry_support import MlflowServer, write_adapter  # noqa: E402
+from tiny import tiny_target  # noqa: E402
+
+from adaptive_spec import Engine  # noqa: E402
+from adaptive_spec.adapters import WEIGHTS_FILE  # noqa: E402
+from service.watcher import AdapterWatcher  # noqa: E402
+from trainer.registry import MODEL_NAME, AdapterRegistry  # noqa: E402
+
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
+
+PROMPT = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(0)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, target) -> dict[str, Path]:
+    """Good adapters for early-exit:1 (seeds 1..3), one for early-exit:2, and one for early-exit:2 whose
+    metadata claims early-exit:1 (only the shape check can catch it)."""
+    root = tmp_path_factory.mktemp("adapters")
+    made = {f"good{i}": write_adapter(target, 1, root / f"good{i}", seed=i, version=i) for i in (1, 2, 3)}
+    made["other_draft"] = write_adapter(target, 2, root / "other_draft", seed=7)
+    made["bad_shape"] = write_adapter(target, 2, root / "bad_shape", seed=8, draft_id="early-exit:1")
+    made["corrupt"] = write_adapter(target, 1, root / "corrupt", seed=9)
+    made["missing"] = write_adapter(target, 1, root / "missing", seed=10)
+    return made
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def registry(store, tmp_path, redis_url) -> AdapterRegistry:
+    """The default registered model on the module's sqlite store, emptied for each test."""
+    registry = AdapterRegistry(store, data_dir=tmp_path, redis_url=redis_url)
+    if registry.aliases() or registry.versions():
+        registry.client.delete_registered_model(MODEL_NAME)
+    return registry
+
+
+def engine_for(target) -> Engine:
+    return Engine(target, "early-exit:1", k=3, record_topk=8, eos_token_id=[])
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def metric(server, name: str, **labels) -> float:
+    total = 0.0
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def complete(server, max_tokens: int = 24) -> dict:
+    response = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "target", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_promotion_is_followed_by_a_swap_in_a_running_server(live_server, target, adapters, registry, store,
+                                                               redis_url, tmp_path):
+    engine = engine_for(target)
+    expected = engine.generate(PROMPT, max_new_tokens=24, speculative=False).token_ids
+    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, redis_url=redis_url,
+                     adapter_poll_s=60.0) as server:
+        watcher = server.service.watcher
+        wait_for(lambda: _subscribed(redis_url), 10, "the watcher to subscribe to adapter events")
+        results, failures, stop = [], [], threading.Event()
+
+        def traffic():  # steady requests while versions come and go
+            while not stop.is_set():
+                try:
+                    results.append(complete(server))
+                except BaseException as exc:  # noqa: BLE001 - any failure fails the test
+                    failures.append(exc)
+
+        client = threading.Thread(target=traffic)
+        client.start()
+        try:
+            for i, name in enumerate(("good1", "good2", "good3"), start=1):
+                promoted = time.monotonic()
+                registry.register(adapters[name], by="trainer:test")
+                wait_for(lambda: engine.adapter_version == str(i), 5, f"the swap to version {i} (event, not poll)")
+                assert time.monotonic() - promoted < 5
+                time.sleep(0.3)
+        finally:
+            stop.set()
+            client.join(60)
+        assert not failures and results
+        assert all(r["choices"][0]["token_ids"] == expected for r in results), "lossless across swaps"
+        assert {r["usage"]["spec_decode"]["adapter_version"] for r in results} <= {None, "1", "2", "3"}
+        final = complete(server)
+        assert final["usage"]["spec_decode"]["adapter_version"] == "3"
+        assert [(kind, version) for kind, version, _ in watcher.swaps] == [("swap", "1"), ("swap", "2"), ("swap", "3")]
+        assert metric(server, "adaptive_spec:adapter_swaps_total", kind="swap") == 3
+        assert metric(server, "adaptive_spec:adapter_version") == 3
+        assert 0 < metric(server, "adaptive_spec:adapter_swap_pause_seconds") < 0.05
+        assert metric(server, "adaptive_spec:adapter_refusals_total") == 0
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server, target, adapters, tmp_path):
+    registry = AdapterRegistry(mlflow_server.url, data_dir=tmp_path, model_name=f"ui-{uuid.uuid4().hex[:8]}")
+    registry.register(adapters["good1"])
+    registry.register(adapters["good2"])
+    engine = engine_for(target)
+    watcher = AdapterWatcher(engine, registry, tmp_path / "cache", poll_s=5.0).start()  # the default poll
+    try:
+        wait_for(lambda: engine.adapter_version == "2", 15, "the first champion")
+        moved = time.monotonic()
+        MlflowClient(tracking_uri=mlflow_server.url).set_registered_model_alias(registry.model_name, "champion", "1")
+        wait_for(lambda: engine.adapter_version == "1", 10, "the alias moved by hand")
+        assert time.monotonic() - moved < 10
+        kind, version, pause = watcher.swaps[-1]
+        assert (kind, version) == ("rollback", "1") and pause < 0.05
+    finally:
+        watcher.stop()
+
+
+def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(live_server, target, adapters, registry,
+                                                                            store, tmp_path):
+    engine = engine_for(target)
+    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
+        registry.register(adapters["good1"])
+        wait_for(lambda: engine.adapter_version == "1", 10, "the first swap")
+        versions = {name: registry.register(adapters[name], promote=False) for name in ("corrupt", "missing", "bad_shape")}
+        versions["other_draft"] = _register_by_hand(registry, adapters["other_draft"])  # the registry refuses it
+        corrupt = _artifact_dir(registry, versions["corrupt"]) / WEIGHTS_FILE
+        data = bytearray(corrupt.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the weights
+        corrupt.write_bytes(bytes(data))
+        for path in _artifact_dir(registry, versions["missing"]).iterdir():
+            path.unlink()
+
+        expected = {"corrupt": "checksum", "missing": "missing", "other_draft": "incompatible",
+                    "bad_shape": "incompatible"}
+        for name, reason in expected.items():
+            before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
+            registry.promote(versions[name], by="test")
+            wait_for(lambda: server.service.watcher.refused.get(versions[name]) == reason, 10, f"{name} refused")
+            time.sleep(0.5)  # a few more polls: counted once, not once per poll
+            assert metric(server, "adaptive_spec:adapter_refusals_total", reason=reason) == before + 1
+            assert engine.adapter_version == "1", f"{name}: the served adapter must stay"
+            assert complete(server)["usage"]["spec_decode"]["adapter_version"] == "1"
+        assert not list((tmp_path / "adapter-cache").glob(f"v{versions['corrupt']}-*")), "bad files are not kept"
+
+        good = registry.register(adapters["good2"])  # a good version after the refusals is served
+        wait_for(lambda: engine.adapter_version == good, 10, "the good version")
+        assert metric(server, "adaptive_spec:adapter_swaps_total") == 2
+
+
+def test_greedy_output_equals_the_target_alone_when_swaps_land_mid_generation(target, adapters, registry, tmp_path):
+    engine = engine_for(target)
+    expected = engine.generate(PROMPT, max_new_tokens=48, speculative=False).token_ids
+    watcher = AdapterWatcher(engine, registry, tmp_path / "cache")  # driven by hand: check() between steps
+    actions = {2: lambda: registry.register(adapters["good1"]), 5: lambda: registry.register(adapters["good2"]),
+               8: lambda: registry.rollback(by="test"), 11: lambda: registry.client.delete_registered_model_alias(
+                   registry.model_name, "champion")}
+    tokens, seen = [], []
+    for step, chunk in enumerate(engine.stream(PROMPT, max_new_tokens=48, k=3)):
+        tokens += chunk.token_ids
+        if step in actions:
+            actions[step]()
+            assert watcher.check() in ("swapped", "unloaded")
+            seen.append(engine.adapter_version)
+    assert seen == ["1", "2", "1", None], "each swap landed mid-generation"
+    assert tokens == expected
+    assert chunk.output.token_ids == expected and chunk.output.stats.adapter_version is None
+    assert [kind for kind, _, _ in watcher.swaps] == ["swap", "swap", "rollback", "rollback"]
+
+
+def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(live_server, target, adapters, registry, store,
+                                                                     tmp_path):
+    engine = engine_for(target)
+    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
+        marks = []
+
+        class Stats:  # what the dashboard store offers (service/timeseries.py), recording the calls
+            def mark(self, kind, version, by=None, **extra):
+                marks.append((kind, version, by, sorted(extra)))
+
+        server.service.stats = Stats()
+        registry.register(adapters["good1"], by="trainer:test")
+        wait_for(lambda: engine.adapter_version == "1", 10, "the swap")
+        registry.client.delete_registered_model_alias(registry.model_name, "champion")
+        wait_for(lambda: engine.adapter_version is None, 10, "the unload")
+        assert complete(server)["usage"]["spec_decode"]["adapter_version"] is None
+        assert marks == [("swap", "1", "trainer:test", ["adapter_dir"]), ("rollback", None, "mlflow-alias",
+                                                                          ["adapter_dir"])]
+
+
+def _register_by_hand(registry: AdapterRegistry, adapter_dir: Path) -> str:
+    """A version made with MlflowClient alone, as another tool could: it skips the registry's own
+    target/draft check, so only the watcher stands between it and the engine."""
+    import json
+
+    metadata = json.loads((adapter_dir / "adaptive_spec_adapter.json").read_text())
+    client = registry.client
+    run = client.create_run(client.get_experiment_by_name("adaptive-spec").experiment_id)
+    client.log_artifacts(run.info.run_id, str(adapter_dir), "adapter")
+    tags = {"target_id": metadata["target_id"], "draft_id": metadata["draft_id"],
+            "adapter_sha256": metadata["adapter_sha256"]}
+    return str(client.create_model_version(registry.model_name, run.info.artifact_uri + "/adapter",
+                                           run_id=run.info.run_id, tags=tags).version)
+
+
+def _artifact_dir(registry: AdapterRegistry, version: str) -> Path:
+    run = registry.client.get_run(registry.client.get_model_version(registry.model_name, version).run_id)
+    return Path(urlparse(run.info.artifact_uri).path) / "adapter"
+
+
+def _subscribed(redis_url: str) -> bool:
+    import redis
+
+    from trainer.registry import ADAPTER_EVENTS
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return dict(client.pubsub_numsub(ADAPTER_EVENTS)).get(ADAPTER_EVENTS.encode(), 0) > 0
+    finally:
+        client.close()
