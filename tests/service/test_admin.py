@@ -1,0 +1,158 @@
+"""The admin routes: /admin/adapters (list), /admin/adapters/rollback, /admin/adapters/promote.
+
+Run: .venv/bin/python -m pytest tests/service/test_admin.py -q   (tiny engine, real MLflow on sqlite, ~15 s)
+
+What must hold:
+
+- without a token, with a wrong one, or with another scheme: 401 in OpenAI's error shape, and nothing
+  moves; with no token configured on the server: 403 for every route, whatever is sent;
+- with the token: the list shows versions, aliases and the served version; a rollback or promote
+  moves the aliases, is recorded with `by` = admin-api:<who>@<address>, and this server swaps at
+  once (its poll is a minute long: the route wakes the watcher);
+- bad requests are 4xx: unknown version 404, nothing to roll back to 409, a bad body 400; no
+  registry configured 503.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
+from registry_support import write_adapter  # noqa: E402
+from tiny import tiny_target  # noqa: E402
+
+from adaptive_spec import Engine  # noqa: E402
+from trainer.registry import AdapterRegistry  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOKEN = "s3cret-admin-token"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(0)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, target) -> Path:
+    """A data dir whose default mlflow.db holds versions 1..3 of three adapters, champion 3, previous 2."""
+    root = tmp_path_factory.mktemp("admin")
+    registry = AdapterRegistry(f"sqlite:///{root / 'mlflow.db'}", data_dir=root)
+    for i in (1, 2, 3):
+        registry.register(write_adapter(target, 1, root / "adapters" / f"v{i:04d}", seed=i, version=i), by="trainer")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(live_server, target, data_dir):
+    """Finds the registry as `serve` does: the default mlflow.db in its data dir."""
+    with live_server(Engine(target, "early-exit:1", k=3), data_dir=data_dir, admin_token=TOKEN,
+                     adapter_poll_s=60.0) as server:
+        wait_for(lambda: server.service.engine.adapter_version == "3", 10, "the initial champion")
+        yield server
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def auth(token: str = TOKEN) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+ROUTES = [("GET", "/admin/adapters", None), ("POST", "/admin/adapters/rollback", None),
+          ("POST", "/admin/adapters/rollback", {"to": "1"}), ("POST", "/admin/adapters/promote", {"version": "1"})]
+
+
+@pytest.mark.parametrize("method,path,body", ROUTES)
+@pytest.mark.parametrize("headers", [{}, auth("wrong-token"), auth(TOKEN + "x"), {"Authorization": f"Basic {TOKEN}"},
+                                     {"Authorization": "Bearer"}], ids=["none", "wrong", "longer", "basic", "empty"])
+def test_refused_without_the_right_token_and_nothing_moves(server, method, path, body, headers):
+    registry = server.service.registry
+    before = registry.aliases()
+    response = httpx.request(method, server.url + path, json=body, headers=headers)
+    error = assert_error(response, 401, "invalid_admin_token")
+    assert error["type"] == "authentication_error" and response.headers["www-authenticate"] == "Bearer"
+    assert registry.aliases() == before
+
+
+def test_no_token_configured_refuses_everything(live_server, target, data_dir):
+    with live_server(Engine(target, "early-exit:1", k=3), data_dir=data_dir, adapter_poll_s=0) as server:
+        for method, path, body in ROUTES:
+            for headers in ({}, auth(), auth("anything")):
+                error = assert_error(httpx.request(method, server.url + path, json=body, headers=headers), 403,
+                                     "admin_disabled")
+                assert error["type"] == "permission_error"
+
+
+def test_list_rollback_and_promote_with_the_token(server):
+    listed = httpx.get(server.url + "/admin/adapters", headers=auth())
+    assert listed.status_code == 200, listed.text
+    body = listed.json()
+    assert body["served_version"] == "3" and body["aliases"] == {"champion": "3", "previous": "2"}
+    assert [(v["version"], v["aliases"]) for v in body["data"]] == [("1", []), ("2", ["previous"]), ("3", ["champion"])]
+    assert all(v["candidate_greedy_match"] is not None and v["created_at"] > 0 for v in body["data"])
+
+    engine = server.service.engine
+    response = httpx.post(server.url + "/admin/adapters/rollback", headers=auth(), json={"by": "oncall"})
+    assert response.status_code == 200, response.text
+    event = response.json()["event"]
+    assert (event["event"], event["version"], event["from"]) == ("rollback", "2", "3")
+    assert event["by"] == "admin-api:oncall@127.0.0.1"
+    wait_for(lambda: engine.adapter_version == "2", 5, "the swap after the rollback (woken, not polled)")
+    assert server.service.watcher.swaps[-1][:2] == ("rollback", "2")
+    assert server.service.registry.get("2").tags["adaptive_spec.last_action_by"] == "admin-api:oncall@127.0.0.1"
+
+    assert_error(httpx.post(server.url + "/admin/adapters/rollback", headers=auth()), 409, "conflict")
+
+    response = httpx.post(server.url + "/admin/adapters/rollback", headers=auth(), json={"to": 1})
+    assert response.status_code == 200 and response.json()["event"]["version"] == "1"
+    wait_for(lambda: engine.adapter_version == "1", 5, "the swap after rollback --to 1")
+
+    response = httpx.post(server.url + "/admin/adapters/promote", headers=auth(), json={"version": "3"})
+    assert response.status_code == 200, response.text
+    assert response.json()["event"]["by"] == "admin-api:token@127.0.0.1"
+    wait_for(lambda: engine.adapter_version == "3", 5, "the swap after the promote")
+    assert server.service.registry.aliases() == {"champion": "3", "previous": "1"}
+    assert [kind for kind, _, _ in server.service.watcher.swaps[-3:]] == ["rollback", "rollback", "swap"]
+
+
+@pytest.mark.parametrize("path,body,status,code", [
+    ("/admin/adapters/promote", {"version": "99"}, 404, "unknown_version"),
+    ("/admin/adapters/rollback", {"to": "99"}, 404, "unknown_version"),
+    ("/admin/adapters/promote", {}, 400, "missing_field"),
+    ("/admin/adapters/promote", {"version": "1", "extra": 1}, 400, None),
+    ("/admin/adapters/rollback", {"to": [1]}, 400, None),
+])
+def test_bad_admin_requests_are_4xx(server, path, body, status, code):
+    before = server.service.registry.aliases()
+    assert_error(httpx.post(server.url + path, headers=auth(), json=body), status, code)
+    assert server.service.registry.aliases() == before
+
+
+def test_no_registry_is_503(live_server, target, tmp_path):
+    with live_server(Engine(target, "early-exit:1", k=3), data_dir=tmp_path, admin_token=TOKEN) as server:
+        assert server.service.registry is None
+        assert_error(httpx.get(server.url + "/admin/adapters", headers=auth()), 503, "no_registry")
+        assert_error(httpx.post(server.url + "/admin/adapters/rollback", headers=auth()), 503, "no_registry")
