@@ -108,6 +108,28 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(drift)
     drift.set_defaults(func=cmd_bench_drift)
 
+    up = commands.add_parser(
+        "up", help="the main job: Redis, the trainer and the server on this machine, in one command",
+        description="Start Redis on loopback (unless REDIS_URL is set; data kept in DATA_DIR/redis), the HTTP server "
+                    "with the adapter registry in MLflow (MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db), and, once "
+                    "the server is up, the trainer as a child process. Print the chat URL, the dashboard URL and the "
+                    "`mlflow ui` command. Ctrl-C or SIGTERM drains the requests in flight, then stops the trainer "
+                    "and Redis. See service/up.py.")
+    up.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
+    up.add_argument("--port", type=int, default=8000, help="default: %(default)s")
+    up.add_argument("--data-dir", type=Path, default=None,
+                    help="Redis data, MLflow's sqlite file, adapters, checkpoints, logs and the model cache "
+                         "(default: $ADAPTIVE_SPEC_DATA_DIR or ./.adaptive-spec)")
+    up.add_argument("--no-trainer", action="store_true", help="serve and follow the registry, but train nothing here")
+    up_models = up.add_argument_group("models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
+                                      "built-in model with early-exit:4 and dynamic k)")
+    up_models.add_argument("--target", default=None)
+    up_models.add_argument("--draft", default=None)
+    up_models.add_argument("--k", type=_non_negative_int, default=None)
+    up_models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
+    up_models.add_argument("--device", default=None)
+    up.set_defaults(func=cmd_up)
+
     serve = commands.add_parser(
         "serve", help="the HTTP server alone: OpenAI-compatible API, /health, /metrics",
         description="Serve POST /v1/chat/completions and /v1/completions (OpenAI-compatible, with stream: true), "
@@ -150,6 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--budget-minutes", type=float, default=None, help="stop after this long (default: never)")
     train.set_defaults(func=cmd_train)
 
+    load = commands.add_parser(
+        "bench-load", help="N concurrent users against a running server for a fixed time",
+        description="Closed-loop users send greedy completions to --url for --duration-s and the command prints "
+                    "throughput, p50/p99 latency and the responses by status. Errors are any status but 200 and the "
+                    "documented 429/503, plus connection failures. Exit 1 when there was one. See service/loadtest.py.")
+    load.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    load.add_argument("--users", type=_positive_int, default=4, help="concurrent users (default: %(default)s)")
+    load.add_argument("--duration-s", type=float, default=10.0, help="default: %(default)s")
+    load.add_argument("--max-tokens", type=_positive_int, default=16, help="per request (default: %(default)s)")
+    load.add_argument("--prompt", default="Name three rivers.", help="a text prompt (default: %(default)r)")
+    load.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    load.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    load.set_defaults(func=cmd_bench_load)
+
     adapters = commands.add_parser(
         "adapters", help="the adapter registry: list, rollback, promote",
         description="The draft's adapters in MLflow (MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db). Servers follow "
@@ -165,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     forward = actions.add_parser("promote", parents=[where], help="champion <- VERSION, previous <- the old champion")
     forward.add_argument("version", metavar="VERSION")
     adapters.set_defaults(func=cmd_adapters)
+
+    swap = commands.add_parser(
+        "bench-swap", help="how long an adapter hot swap holds decoding, under steady traffic",
+        description="Swap between two random LoRA adapters of the draft --swaps times while client threads keep "
+                    "generating, and print the max / p50 pause, the failed requests and whether every output "
+                    "equalled the target alone. See trainer/bench_swap.py.")
+    swap.add_argument("--swaps", type=_positive_int, default=20, help="default: %(default)s")
+    swap.add_argument("--clients", type=_positive_int, default=2, help="threads sending requests (default: %(default)s)")
+    swap.add_argument("--rank", type=_positive_int, default=32,
+                      help="LoRA rank; 32 on early-exit:4 of the default model is ~5 MB (default: %(default)s)")
+    swap.add_argument("--interval-s", type=float, default=0.25, help="between swaps (default: %(default)s)")
+    swap.add_argument("--num-prompts", type=_positive_int, default=4, help="default: %(default)s")
+    swap.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    _model_options(swap)
+    swap.set_defaults(func=cmd_bench_swap, max_new_tokens=32)
     return parser
 
 
@@ -282,6 +333,16 @@ def cmd_bench_drift(args) -> int:
     return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
 
 
+def cmd_up(args) -> int:
+    from adaptive_spec.models import data_dir
+    from service.up import UpSettings, run_up
+
+    logging.getLogger("service").setLevel(logging.INFO)
+    return run_up(UpSettings(host=args.host, port=args.port, data_dir=args.data_dir or data_dir(), target=args.target,
+                             draft=args.draft, k=args.k, dtype=args.dtype, device=args.device,
+                             trainer=not args.no_trainer))
+
+
 def cmd_serve(args) -> int:
     from service.server import run
     from service.settings import Settings
@@ -309,6 +370,19 @@ def cmd_train(args) -> int:
     counters = run_trainer(settings)
     print(json.dumps(counters), file=sys.stderr)
     return 0
+
+
+def cmd_bench_load(args) -> int:
+    import asyncio
+
+    from service.loadtest import run_load
+
+    report = asyncio.run(run_load(args.url, users=args.users, duration_s=args.duration_s, model=args.model,
+                                  prompt=args.prompt, max_tokens=args.max_tokens))
+    print(report.summary())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0 if report.errors == 0 else 1
 
 
 def cmd_adapters(args) -> int:
@@ -354,6 +428,20 @@ def _adapter_table(versions) -> str:
                      f"{action} by {v.tags.get('adaptive_spec.last_action_by')}" if action else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def cmd_bench_swap(args) -> int:
+    from adaptive_spec.prompts import load_prompts, shipped
+    from trainer.bench_swap import format_report, run_swap_bench
+
+    prompts = [item.prompt for item in load_prompts(shipped("chat"))[: args.num_prompts]]
+    engine = _load_engine(args)
+    figures = run_swap_bench(engine, prompts, swaps=args.swaps, clients=args.clients, rank=args.rank,
+                             max_new_tokens=args.max_new_tokens, interval_s=args.interval_s, k=args.k)
+    print(format_report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if figures["passes"] else 1
 
 
 class _redis_url:
