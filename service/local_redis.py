@@ -36,7 +36,7 @@ _running: set[RedisServer] = set()  # stopped at exit too, in case a fixture's t
 class RedisServer:
     """A redis-server child process on 127.0.0.1 with no persistence, controllable by the test."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, persist: bool = False) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RedisNotInstalled(
@@ -44,6 +44,7 @@ class RedisServer:
                 "or set REDIS_URL to a Redis you run")
         self.workdir = Path(workdir).resolve()  # redis-server resolves --logfile after moving to --dir
         self.port = port or free_port()
+        self.persist = persist  # append-only file in workdir, so a restart keeps the stream (adaptive-spec up)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -53,9 +54,12 @@ class RedisServer:
     def start(self, timeout: float = 5.0) -> None:
         assert self.process is None, "already running"
         log_path = self.workdir / f"redis-{self.port}.log"
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(self.workdir), "--logfile", str(log_path)]  # fmt: skip
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "yes" if self.persist else "no", "--dir", str(self.workdir),
+                   "--logfile", str(log_path)]  # fmt: skip
+        # Its own session: a Ctrl-C in the terminal reaches the parent, which stops Redis last, by pid.
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        start_new_session=True)
         _running.add(self)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout
@@ -109,10 +113,10 @@ def _stop_leftovers() -> None:
         server.stop()
 
 
-def started_server(workdir: Path) -> RedisServer:
+def started_server(workdir: Path, *, persist: bool = False) -> RedisServer:
     """Start a server on a free port, trying again if another process took the port first."""
     for attempt in range(3):
-        server = RedisServer(workdir)
+        server = RedisServer(workdir, persist=persist)
         try:
             server.start()
             return server
