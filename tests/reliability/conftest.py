@@ -1,0 +1,39 @@
+"""Fixtures for the fault, fuzz, load and security tests (helpers in support.py).
+
+    with serve_process(env={"REDIS_URL": redis_server.url}) as server:   # `adaptive-spec serve` as a child
+        ...
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py (--import-mode=importlib adds no test dir)
+from support import ServeProcess, tiny_target, tiny_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_target(0).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def serve_process(tmp_path, tiny_model_dir):
+    @contextmanager
+    def serve(env: dict[str, str] | None = None, args: list[str] = ()) -> Iterator[ServeProcess]:
+        server = ServeProcess(tmp_path, tiny_model_dir, env or {}, list(args))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    return serve
