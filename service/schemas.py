@@ -16,6 +16,9 @@ Extensions:
     is written anywhere. Metrics, which hold no content, still count it.
   - `domain` tags the request's correction record and its metrics (the `domain` label). It is
     1-64 characters of letters, digits and `_.-`.
+  - `speculative: false` decodes with the target alone, through the same code: the baseline
+    that speed figures are divided by (the dashboard's speedup, time to first token). The
+    output is the same either way under greedy decoding; only the speed differs.
   The options are a body field only, not headers, so a proxy cannot add or strip them unseen.
 """
 
@@ -41,6 +44,7 @@ class AdaptiveSpecOptions(BaseModel):
 
     log: StrictBool = True
     domain: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    speculative: StrictBool = True
 
 
 class StreamOptions(BaseModel):
@@ -95,7 +99,8 @@ class _GenerationRequest(BaseModel):
         return {"max_new_tokens": max_new_tokens,
                 "temperature": 1.0 if self.temperature is None else self.temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p,
-                "top_k": max(0, self.top_k or 0), "seed": self.seed, "stop": self.stop or None}
+                "top_k": max(0, self.top_k or 0), "seed": self.seed, "stop": self.stop or None,
+                "speculative": self.adaptive_spec.speculative}
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -134,6 +134,15 @@ def test_completion_equals_the_target_alone(server, tiny_engine):
     assert response.id.startswith("cmpl-") and response.model == model_name(server)
 
 
+def test_speculative_false_is_the_target_alone(server, tiny_engine):
+    expected = tiny_engine.generate(PROMPT, max_new_tokens=16, speculative=False).token_ids
+    response = client(server).completions.create(model=model_name(server), prompt=PROMPT, max_tokens=16,
+                                                 temperature=0, extra_body={"adaptive_spec": {"speculative": False}})
+    assert response.choices[0].model_extra["token_ids"] == expected
+    spec = response.usage.model_extra["spec_decode"]
+    assert spec["num_draft_tokens"] == 0 and spec["mean_acceptance_length"] == 1.0
+
+
 def test_streamed_completion_with_usage(server, tiny_engine):
     expected = tiny_engine.generate(PROMPT[:6], max_new_tokens=30, speculative=False).token_ids
     chunks = list(client(server).completions.create(model=model_name(server), prompt=PROMPT[:6], max_tokens=30,
@@ -257,6 +266,7 @@ BAD_COMPLETIONS = [  # (what is wrong, body changes, status, param)
     ("stream_options without stream", {"stream_options": {"include_usage": True}}, 400, None),
     ("unknown adaptive_spec option", {"adaptive_spec": {"lgo": False}}, 400, "adaptive_spec.lgo"),
     ("bad domain tag", {"adaptive_spec": {"domain": "has spaces"}}, 400, "adaptive_spec.domain"),
+    ("speculative not a bool", {"adaptive_spec": {"speculative": "no"}}, 400, "adaptive_spec.speculative"),
     ("stream not a boolean", {"stream": "yes"}, 400, "stream"),
 ]
 
