@@ -120,20 +120,21 @@ def test_list_rollback_and_promote_with_the_token(server):
     event = response.json()["event"]
     assert (event["event"], event["version"], event["from"]) == ("rollback", "2", "3")
     assert event["by"] == "admin-api:oncall@127.0.0.1"
-    wait_for(lambda: engine.adapter_version == "2", 5, "the swap after the rollback (woken, not polled)")
-    assert server.service.watcher.swaps[-1][:2] == ("rollback", "2")
+    swaps = server.service.watcher.swaps
+    wait_for(lambda: swaps[-1][1] == "2", 5, "the swap after the rollback (woken, not polled)")
+    assert swaps[-1][:2] == ("rollback", "2") and engine.adapter_version == "2"
     assert server.service.registry.get("2").tags["adaptive_spec.last_action_by"] == "admin-api:oncall@127.0.0.1"
 
     assert_error(httpx.post(server.url + "/admin/adapters/rollback", headers=auth()), 409, "conflict")
 
     response = httpx.post(server.url + "/admin/adapters/rollback", headers=auth(), json={"to": 1})
     assert response.status_code == 200 and response.json()["event"]["version"] == "1"
-    wait_for(lambda: engine.adapter_version == "1", 5, "the swap after rollback --to 1")
+    wait_for(lambda: swaps[-1][1] == "1", 5, "the swap after rollback --to 1")
 
     response = httpx.post(server.url + "/admin/adapters/promote", headers=auth(), json={"version": "3"})
     assert response.status_code == 200, response.text
     assert response.json()["event"]["by"] == "admin-api:token@127.0.0.1"
-    wait_for(lambda: engine.adapter_version == "3", 5, "the swap after the promote")
+    wait_for(lambda: swaps[-1][1] == "3", 5, "the swap after the promote")
     assert server.service.registry.aliases() == {"champion": "3", "previous": "1"}
     assert [kind for kind, _, _ in server.service.watcher.swaps[-3:]] == ["rollback", "rollback", "swap"]
 

@@ -131,7 +131,8 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(live_server, targ
             for i, name in enumerate(("good1", "good2", "good3"), start=1):
                 promoted = time.monotonic()
                 registry.register(adapters[name], by="trainer:test")
-                wait_for(lambda: engine.adapter_version == str(i), 5, f"the swap to version {i} (event, not poll)")
+                wait_for(lambda: len(watcher.swaps) == i, 5, f"the swap to version {i} (event, not poll)")
+                assert engine.adapter_version == str(i)
                 assert time.monotonic() - promoted < 5
                 time.sleep(0.3)
         finally:
@@ -164,11 +165,11 @@ def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server,
     engine = engine_for(target)
     watcher = AdapterWatcher(engine, registry, tmp_path / "cache", poll_s=5.0).start()  # the default poll
     try:
-        wait_for(lambda: engine.adapter_version == "2", 15, "the first champion")
+        wait_for(lambda: watcher.swaps and watcher.swaps[-1][1] == "2", 15, "the first champion")
         moved = time.monotonic()
         MlflowClient(tracking_uri=mlflow_server.url).set_registered_model_alias(registry.model_name, "champion", "1")
-        wait_for(lambda: engine.adapter_version == "1", 10, "the alias moved by hand")
-        assert time.monotonic() - moved < 10
+        wait_for(lambda: watcher.swaps[-1][1] == "1", 10, "the alias moved by hand")  # swapped and recorded
+        assert time.monotonic() - moved < 10 and engine.adapter_version == "1"
         kind, version, pause = watcher.swaps[-1]
         assert (kind, version) == ("rollback", "1") and pause < 0.05
     finally:
@@ -203,8 +204,8 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(live
         assert not list((tmp_path / "adapter-cache").glob(f"v{versions['corrupt']}-*")), "bad files are not kept"
 
         good = registry.register(adapters["good2"])  # a good version after the refusals is served
-        wait_for(lambda: engine.adapter_version == good, 10, "the good version")
-        assert metric(server, "adaptive_spec:adapter_swaps_total") == 2
+        wait_for(lambda: len(server.service.watcher.swaps) == 2, 10, "the good version")
+        assert engine.adapter_version == good and metric(server, "adaptive_spec:adapter_swaps_total") == 2
 
 
 def test_greedy_output_equals_the_target_alone_when_swaps_land_mid_generation(target, adapters, registry, tmp_path):
@@ -239,9 +240,9 @@ def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(live_server
 
         server.service.stats = Stats()
         registry.register(adapters["good1"], by="trainer:test")
-        wait_for(lambda: engine.adapter_version == "1", 10, "the swap")
+        wait_for(lambda: len(marks) == 1, 10, "the swap")
         registry.client.delete_registered_model_alias(registry.model_name, "champion")
-        wait_for(lambda: engine.adapter_version is None, 10, "the unload")
+        wait_for(lambda: len(marks) == 2, 10, "the unload")
         assert complete(server)["usage"]["spec_decode"]["adapter_version"] is None
         assert marks == [("swap", "1", "trainer:test", ["adapter_dir"]), ("rollback", None, "mlflow-alias",
                                                                           ["adapter_dir"])]
