@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -92,8 +93,10 @@ class LoadReport:
 
 async def run_load(url: str, users: int = 4, duration_s: float = 10.0, *, model: str | None = None,
                    prompt: str | list[int] = "Name three rivers.", max_tokens: int = 16, timeout_s: float = 60.0,
-                   extra_body: dict | None = None, allowed: tuple[int, ...] = ALLOWED_STATUSES) -> LoadReport:
-    """Run `users` closed-loop users against `url` for `duration_s`; requests under way at the end finish."""
+                   extra_body: dict | None = None, allowed: tuple[int, ...] = ALLOWED_STATUSES,
+                   stop: threading.Event | None = None) -> LoadReport:
+    """Run `users` closed-loop users against `url` for `duration_s`, or until `stop` is set (from any thread);
+    requests under way at the end finish."""
     url = url.rstrip("/")
     if model is None:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
@@ -102,14 +105,17 @@ async def run_load(url: str, users: int = 4, duration_s: float = 10.0, *, model:
     report = LoadReport(users=users, duration_s=duration_s, allowed=allowed)
     started = time.monotonic()
     deadline = started + duration_s
-    await asyncio.gather(*(_user(url + "/v1/completions", body, deadline, timeout_s, report) for _ in range(users)))
+    stop = stop or threading.Event()
+    await asyncio.gather(*(_user(url + "/v1/completions", body, deadline, stop, timeout_s, report)
+                           for _ in range(users)))
     report.elapsed_s = time.monotonic() - started
     return report
 
 
-async def _user(url: str, body: dict, deadline: float, timeout_s: float, report: LoadReport) -> None:
+async def _user(url: str, body: dict, deadline: float, stop: threading.Event, timeout_s: float,
+                report: LoadReport) -> None:
     async with httpx.AsyncClient(timeout=timeout_s) as client:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             sent = time.monotonic()
             try:
                 response = await client.post(url, json=body)

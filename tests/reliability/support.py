@@ -12,10 +12,12 @@ saved once per session, so `serve` and `train` load it from disk like any local 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from service.local_redis import RedisServer, free_port
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "adaptive_spec"))  # tiny.py (--import-mode=importlib adds no test dir)
 sys.path.insert(0, str(TESTS / "service"))  # tiny_chat.py
-sys.path.insert(0, str(TESTS))  # registry_support.py
+sys.path.insert(0, str(TESTS))  # registry_support.py, importable by the tests here
 from tiny import tiny_target  # noqa: E402, F401  (re-exported for conftest.py)
 from tiny_chat import tiny_tokenizer  # noqa: E402, F401
 
@@ -99,8 +101,8 @@ class ServeProcess(ChildProcess):
                    "--data-dir", str(workdir / "data"), *args]
         if "--port" not in args:
             command += ["--port", str(self.port)]
-        env = child_env(ADAPTIVE_SPEC_SERVED_MODEL_NAME=MODEL, ADAPTIVE_SPEC_MAX_TOKENS="64",
-                        ADAPTIVE_SPEC_RECORD_TOPK="8", ADAPTIVE_SPEC_ADAPTER_POLL_S="0", **env)
+        env = child_env(**{"ADAPTIVE_SPEC_SERVED_MODEL_NAME": MODEL, "ADAPTIVE_SPEC_MAX_TOKENS": "64",
+                           "ADAPTIVE_SPEC_RECORD_TOPK": "8", "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0", **env})
         super().__init__(command, workdir, env, f"serve-{self.port}")
 
     def start(self, timeout: float = 120.0) -> None:
@@ -178,3 +180,32 @@ def listening_address(port: int) -> str:
     raise AssertionError(f"nothing listens on port {port}")
 
 
+
+
+class BackgroundLoad:
+    """`service.loadtest.run_load` in a thread until the `with` block ends; `.report` afterwards.
+
+        with BackgroundLoad(server.url, users=2) as load:
+            ...  # break something
+        assert load.report.errors == 0
+    """
+
+    def __init__(self, url: str, users: int = 2, max_tokens: int = 8, duration_s: float = 600.0) -> None:
+        self.stop = threading.Event()
+        self.report = None
+        self._kwargs = dict(users=users, duration_s=duration_s, model=MODEL, prompt=[5, 17, 33, 8, 5, 17],
+                            max_tokens=max_tokens, stop=self.stop)
+        self._thread = threading.Thread(target=self._run, args=(url,), name="background-load")
+
+    def _run(self, url: str) -> None:
+        from service.loadtest import run_load
+
+        self.report = asyncio.run(run_load(url, **self._kwargs))
+
+    def __enter__(self) -> BackgroundLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self._thread.join(120)
