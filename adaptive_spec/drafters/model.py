@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from adaptive_spec import kv
+from adaptive_spec.cpu_linear import skinny_linear
 from adaptive_spec.drafters import Proposal
 from adaptive_spec.sampling import SamplingParams, logits_to_probs, sample
 
@@ -49,13 +50,13 @@ class ModelDrafter:
         self._head_rows = head.weight[vocab].contiguous()
         self.vocab = vocab
 
-    @torch.inference_mode()
     def reset(self, context: list[int]) -> None:
-        """Prefill the prompt (all but its last token, which the first step feeds)."""
+        """Start a request with an empty cache: the first `propose` feeds the prompt as catch-up.
+
+        Lazy on purpose: a first step that drafts nothing (dynamic k always starts so) streams its
+        token as soon as the target alone would, without waiting for the draft's prefill.
+        """
         self.cache = kv.new_cache(self.model)
-        if len(context) > 1:
-            self.model(input_ids=torch.tensor([context[:-1]], device=self.device), past_key_values=self.cache,
-                       use_cache=True, logits_to_keep=1)
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams,
@@ -83,7 +84,7 @@ class ModelDrafter:
         if self.vocab is None:
             return self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
         hidden = self.model.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).last_hidden_state
-        return hidden[0, -1:] @ self._head_rows.T  # [1, n_vocab]
+        return skinny_linear(hidden[0, -1:], self._head_rows)  # [1, n_vocab]
 
     def _to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:

@@ -1,0 +1,52 @@
+"""cpu_linear: the same products as nn.Linear, computed in the order that is fast for skinny inputs."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adaptive_spec import cpu_linear
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 16, 17, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_equals_linear(rows, bias):
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 80, bias=bias)
+    x = torch.randn(1, rows, 48)
+    with torch.inference_mode():
+        got = cpu_linear.skinny_linear(x, layer.weight, layer.bias)
+        want = F.linear(x, layer.weight, layer.bias)
+    assert got.shape == want.shape == (1, rows, 80)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_wrong_product_would_be_caught():
+    # Negative control for the tolerance above: transposing the weight's role changes the result.
+    torch.manual_seed(0)
+    w, x = torch.randn(48, 48), torch.randn(1, 3, 48)
+    with torch.inference_mode():
+        assert not torch.allclose(cpu_linear.skinny_linear(x, w), F.linear(x, w.T), atol=1e-3)
+
+
+def test_install_routes_fp32_cpu_linears_and_survives_deepcopy():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    spare = nn.Linear(4, 4).double()
+    assert cpu_linear.install(nn.ModuleList([model, spare])) == 2  # the fp64 layer keeps the stock path
+    assert "forward" not in vars(spare)
+    assert cpu_linear.install(model) == 2  # idempotent
+    copied = copy.deepcopy(model)
+    assert copied[0].forward.__self__ is copied[0]  # bound to the copy, not to the original
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(copied(x), model(x))
+
+
+def test_gradients_take_the_stock_path():
+    layer = nn.Linear(8, 4)
+    cpu_linear.install(layer)
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
