@@ -16,11 +16,16 @@ of them alike:
 
 Tokens/s are total generated tokens over total wall time per path. `identical` is true only
 when every output of ours equals the target alone's, token for token (greedy only).
+
+Time to first token (`ttft_*_s`, the median over prompts) is timed in a separate short pass per
+prompt and path: from the call to `Engine.stream` to its first chunk, prefill included, as a
+streaming client sees it (less HTTP).
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -43,11 +48,14 @@ def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: i
     tokens = dict.fromkeys(paths, 0)
     seconds = dict.fromkeys(paths, 0.0)
     drafted = accepted = emitted = forwards = 0
+    ttft = {"target": [], "spec": []}
     identical = hf_identical = 0
     sampling = dict(temperature=temperature, seed=0)
 
     _warm_up(engine, prompts[0], k, temperature, hf)
     for ids in tqdm(prompts, desc=desc, unit="prompt", disable=not progress, file=sys.stderr):
+        ttft["target"].append(_first_token_s(engine, ids, max_new_tokens, speculative=False, **sampling))
+        ttft["spec"].append(_first_token_s(engine, ids, max_new_tokens, k=k, **sampling))
         base = _timed(lambda: engine.generate(ids, max_new_tokens, speculative=False, **sampling))
         ours = _timed(lambda: engine.generate(ids, max_new_tokens, k=k, **sampling))
         runs = [base, ours]
@@ -74,6 +82,9 @@ def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: i
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_acceptance_length": emitted / forwards if forwards else None,
         "target_forwards_per_token": forwards / emitted if emitted else None,
+        "ttft_target_s": statistics.median(ttft["target"]),
+        "ttft_spec_s": statistics.median(ttft["spec"]),
+        "ttft_ratio": statistics.median(ttft["spec"]) / statistics.median(ttft["target"]),
         "identical": identical == len(prompts) if greedy else None,
         "identical_prompts": identical if greedy else None,
         "drafted": drafted,
@@ -109,9 +120,21 @@ def format_report(figures: dict) -> str:
         f"  acceptance rate {num(figures['acceptance_rate'], '.3f')}, mean acceptance length "
         f"{num(figures['mean_acceptance_length'], '.2f')}, target forwards/token "
         f"{num(figures['target_forwards_per_token'], '.3f')}",
+        f"  time to first token: target alone {figures['ttft_target_s'] * 1000:.0f} ms, ours "
+        f"{figures['ttft_spec_s'] * 1000:.0f} ms (x{figures['ttft_ratio']:.2f}), median over prompts",
         f"  identical to target alone: {figures['identical']} ({figures['identical_prompts']}/{figures['prompts']})",
     ]
     return "\n".join(lines)
+
+
+def _first_token_s(engine: Engine, ids: list[int], max_new_tokens: int, **kwargs) -> float:
+    started = time.perf_counter()
+    stream = engine.stream(ids, max_new_tokens, **kwargs)
+    try:
+        next(stream)
+        return time.perf_counter() - started
+    finally:
+        stream.close()
 
 
 def _timed(fn):

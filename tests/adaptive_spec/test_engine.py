@@ -261,6 +261,17 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
     assert plain[0] == plain[1]
 
 
+def test_a_seed_repeats_under_dynamic_k_whatever_the_policy_learned() -> None:
+    engine = Engine(target(0), "early-exit:3")
+    prompt, options = PROMPTS["repeating"], dict(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=9)
+    engine.policy.new_draft(0.0)  # the policy believes the draft is useless: it would draft nothing
+    first = engine.generate(prompt, **options)
+    engine.policy.new_draft(0.99)  # now it believes the draft is nearly perfect: it would draft k_max
+    second = engine.generate(prompt, **options)
+    assert first.token_ids == second.token_ids
+    assert first.stats.drafted == second.stats.drafted > 0  # the fixed SEEDED_K, not the policy's choice
+
+
 # Upper 0.1% point of the chi-square distribution with 7 degrees of freedom (alpha = 0.001, 8
 # cells), from standard tables; test_acceptance.py checks such values against torch's gammaincc.
 CHI2_CRITICAL_DF7 = 24.322

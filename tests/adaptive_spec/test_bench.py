@@ -1,0 +1,36 @@
+"""`adaptive-spec bench` on a tiny model: every contract key, figures that add up, outputs compared."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import tiny_target  # noqa: E402
+
+from adaptive_spec import Engine  # noqa: E402
+from adaptive_spec.bench import format_report, run_bench  # noqa: E402
+from adaptive_spec.prompts import PromptItem  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CONTRACT = {"target_tok_s", "spec_tok_s", "hf_assisted_tok_s", "speedup_vs_target", "speedup_vs_hf",
+            "acceptance_rate", "mean_acceptance_length", "target_forwards_per_token", "identical", "prompts",
+            "max_new_tokens", "draft", "k", "dtype"}
+
+
+@pytest.mark.parametrize("k", [2, None])
+def test_bench_figures(k):
+    engine = Engine(tiny_target(0), "early-exit:1", eos_token_id=[])
+    items = [PromptItem([5, 6, 7, 8]), PromptItem([9, 3, 9, 3, 9])]
+    figures = run_bench(engine, items, max_new_tokens=12, k=k, progress=False)
+    assert CONTRACT <= set(figures)
+    assert figures["identical"] is True and figures["identical_prompts"] == 2
+    assert figures["prompts"] == 2 and figures["k"] == (k if k is not None else "dynamic")
+    assert math.isclose(figures["speedup_vs_target"], figures["spec_tok_s"] / figures["target_tok_s"])
+    assert math.isclose(figures["speedup_vs_hf"], figures["spec_tok_s"] / figures["hf_assisted_tok_s"])
+    assert figures["ttft_target_s"] > 0 and figures["ttft_spec_s"] > 0
+    assert math.isclose(figures["ttft_ratio"], figures["ttft_spec_s"] / figures["ttft_target_s"])
+    assert 1.0 <= figures["mean_acceptance_length"] <= (k or 8) + 1
+    assert "time to first token" in format_report(figures)
