@@ -55,7 +55,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         # Mass strictly before each token; a token stays while that mass is below top_p, so the
         # most likely token always stays.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
+        dropped = mass_before >= params.top_p  # [n, vocab]
+        dropped[..., 0] = False  # also when top_p rounds to 0 in float32 (e.g. 1e-300): never an empty set
+        sorted_logits = sorted_logits.masked_fill(dropped, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits.softmax(dim=-1)
 

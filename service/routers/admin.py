@@ -16,8 +16,10 @@ the pub/sub event or their next alias poll. Errors: unknown version 404, nothing
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from service.deps import AdminToken, ServiceDep
 from service.errors import APIError
@@ -25,16 +27,30 @@ from service.errors import APIError
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminToken])
 
 
+def _version_number(value: str | int | None) -> str | None:
+    """MLflow versions are positive integers: "3" or 3 -> "3"; anything else (-1, "v3", 10**30) is a 400 here,
+    before it reaches MLflow, whose sqlite store cannot even hold an integer over 64 bits."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not re.fullmatch(r"[1-9][0-9]{0,9}", str(value)):
+        raise ValueError("a version is a positive integer of at most 10 digits, e.g. 3")
+    return str(value)
+
+
 class RollbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str | int | None = None  # a version; None = the `previous` alias
     by: str | None = None
+
+    _to = field_validator("to", mode="before")(_version_number)
 
 
 class PromoteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: str | int
     by: str | None = None
+
+    _version = field_validator("version", mode="before")(_version_number)
 
 
 @router.get("/adapters")

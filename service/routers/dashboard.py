@@ -125,11 +125,14 @@ def _store(request: Request) -> StatsRecorder:
     return service.stats
 
 
+MAX_UNIX_S = 253_402_300_800  # year 10000: later times overflow Redis stream ids (ms, 64 bits) -> 400, not 503
+
+
 def _range(start: float | None, end: float | None) -> tuple[float, float]:
     end = time.time() if end is None else end
     start = end - DEFAULT_RANGE_S if start is None else start
     for name, value in (("from", start), ("to", end)):
-        if not math.isfinite(value) or value < 0:
+        if not math.isfinite(value) or not 0 <= value < MAX_UNIX_S:
             raise bad_request(f"{name} must be a unix time in seconds, got {value}", name)
     if start >= end:
         raise bad_request(f"from ({start:.0f}) must be before to ({end:.0f})", "from")

@@ -158,11 +158,12 @@ def test_top_p_stops_at_a_prefix_whose_mass_equals_top_p_exactly() -> None:
     assert sorted(probs[0].tolist()) == [0.0, 0.0, 0.5, 0.5]
 
 
-def test_top_p_always_keeps_the_most_likely_token() -> None:
+@pytest.mark.parametrize("top_p", [1e-6, 1e-300, 5e-324])  # the last two round to 0.0 in float32 (HTTP fuzzer)
+def test_top_p_always_keeps_the_most_likely_token(top_p: float) -> None:
     # Even when top_p is far below the top token's probability, that token survives; an
     # all-masked row would softmax to NaN.
     logits = torch.randn(8, 12, generator=torch.Generator().manual_seed(3))  # [8, 12]
-    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=1e-6))
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
     torch.testing.assert_close(probs, torch.nn.functional.one_hot(logits.argmax(-1), 12).float())
 
 
