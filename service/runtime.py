@@ -97,7 +97,7 @@ class Service:
         self.metrics.observe(output.stats, domain=domain, finish_reason=output.finish_reason,
                              prompt_tokens=len(output.prompt_ids), generation_tokens=len(output.token_ids),
                              latency_s=time.monotonic() - job.arrived)
-        if self.stats is not None:  # memory only; a background thread writes to Redis
+        if self.stats is not None and job.meta["log"]:  # memory only; a thread writes to Redis. Opted out: no trace
             self.stats.record(output.stats, domain=domain, greedy=job.params.get("temperature", 0.0) == 0.0,
                               speculative=job.params.get("speculative", True))
         if self.writer is None or not job.meta["log"]:

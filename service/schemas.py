@@ -13,7 +13,8 @@ Extensions:
 - `top_k` (an integer; 0 or -1 disables it), as vLLM accepts it.
 - `adaptive_spec: {"log": false, "domain": "sql"}`:
   - `log: false` opts the request out of the correction log: no record of its prompt or output
-    is written anywhere. Metrics, which hold no content, still count it.
+    is written anywhere, and nothing of it reaches Redis (not even the dashboard's counters,
+    which hold its domain tag). The server's own Prometheus counters, in memory, still count it.
   - `domain` tags the request's correction record and its metrics (the `domain` label). It is
     1-64 characters of letters, digits and `_.-`.
   - `speculative: false` decodes with the target alone, through the same code: the baseline

@@ -62,7 +62,7 @@ class ChildProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.command[3]} exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+                raise RuntimeError(f"{self.log_path.stem} exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             if ready():
                 return
             time.sleep(0.1)
@@ -93,10 +93,13 @@ class ChildProcess:
 class ServeProcess(ChildProcess):
     """`python -m adaptive_spec.cli serve` on a tiny model directory and a free loopback port."""
 
-    def __init__(self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str]) -> None:
+    def __init__(self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str],
+                 verbose: bool = False) -> None:
+        """verbose: `adaptive-spec -v serve`, which logs at INFO (the settings, swaps, the writer's state)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "adaptive_spec.cli", "serve", "--target", str(model_dir),
+        command = [sys.executable, "-m", "adaptive_spec.cli", *(["-v"] if verbose else []), "serve",
+                   "--target", str(model_dir),
                    "--draft", "early-exit:1", "--k", "3", "--dtype", "fp32", "--device", "cpu",
                    "--data-dir", str(workdir / "data"), *args]
         if "--port" not in args:
