@@ -54,6 +54,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _k_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, got {text!r}") from None
+    if any(k < 1 for k in values):
+        raise argparse.ArgumentTypeError(f"each k must be >= 1, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adaptive-spec",
@@ -104,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="held-out prompts measured before and after (default: %(default)s)")
     drift.add_argument("--train-tail-s", type=float, default=120.0,
                        help="seconds of training allowed after the traffic ends (default: %(default)s)")
+    drift.add_argument("--after-k", type=_k_list, default=(), metavar="K[,K...]",
+                       help="also measure the held-out prompts after training at these fixed k, e.g. 1,3 "
+                            "(the budget reserves time for them)")
     drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     _model_options(drift)
     drift.set_defaults(func=cmd_bench_drift)
@@ -318,7 +331,8 @@ def cmd_bench_drift(args) -> int:
     items = load_prompts(args.prompts or shipped(args.domain))
     domain = args.prompts.stem if args.prompts else args.domain
     settings = DriftSettings(budget_minutes=args.budget_minutes, eval_prompts=args.eval_prompts,
-                             max_new_tokens=args.max_new_tokens, k=args.k, train_tail_s=args.train_tail_s)
+                             max_new_tokens=args.max_new_tokens, k=args.k, train_tail_s=args.train_tail_s,
+                             after_k=args.after_k)
     engine = _load_engine(args)
     workdir = temporary_workdir(data_dir())
     with _redis_url(workdir) as redis_url:

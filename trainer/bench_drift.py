@@ -15,7 +15,9 @@ The run, within `--budget-minutes` in all:
    an `OnlineTrainer` consumes the stream through its consumer group, trains a LoRA adapter
    on its own copy of the draft, gates each candidate on its held-out records, and every
    promoted adapter is loaded into the serving engine at once.
-4. After: the same measurement as 2, with the last promoted adapter.
+4. After: the same measurement as 2, with the last promoted adapter; then, for each `--after-k`,
+   the same again at that fixed k (`after_fixed_k` in the figures), so one run shows what the
+   adapter gives at every depth.
 
 Traffic and training share the machine: each gets one torch thread during phase 3; the two
 measurements use all threads, with the trainer stopped, so before and after are comparable.
@@ -58,6 +60,7 @@ class DriftSettings:
     seed: int = 0
     holdout_fraction: float = 0.2  # of traffic records, kept for the trainer's gate
     gate_min_positions: int = 400
+    after_k: tuple[int, ...] = ()  # extra after-measurements at these fixed k
 
 
 def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
@@ -89,7 +92,7 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
                        desc="before")
     eval_s = time.monotonic() - started
     # Leave room for the second measurement (it may run slower with a larger k) and the write-up.
-    traffic_deadline = deadline - 1.3 * eval_s - 15
+    traffic_deadline = deadline - 1.3 * eval_s * (1 + len(settings.after_k)) - 15
 
     stream_name = CORRECTION_STREAM if os.environ.get("REDIS_URL") is None else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
     writer = CorrectionLogWriter(redis_url, stream=stream_name)
@@ -141,10 +144,13 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
 
     after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress,
                       desc="after")
+    fixed = {k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress,
+                          desc=f"after, k={k}") for k in settings.after_k}
     return {
         "domain": domain,
         "before": {key: before[key] for key in PHASE_KEYS} | _extras(before),
         "after": {key: after[key] for key in PHASE_KEYS} | _extras(after),
+        "after_fixed_k": {str(k): {key: f[key] for key in PHASE_KEYS} | _extras(f) for k, f in fixed.items()},
         "records_consumed": trainer.records_consumed,
         "tokens_consumed": trainer.tokens_consumed,
         "train_s": trainer.train_s,
@@ -199,6 +205,9 @@ def format_report(figures: dict) -> str:
         f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
         f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
         f"  identical to target    {b['identical']}     {a['identical']}",
+        *(f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
+          f"{f(x['mean_acceptance_length'], '.2f')}, speedup {f(x['speedup_vs_target'], '.2f')}x, "
+          f"identical {x['identical']}" for k, x in figures.get("after_fixed_k", {}).items()),
     ])
 
 
