@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -52,6 +53,20 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None:
+    """The flags `up` and `serve` share; unset ones fall back to ADAPTIVE_SPEC_* (service/settings.py)."""
+    parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, default=None, help="default: 8000")
+    parser.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
+    models = parser.add_argument_group("models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
+                                       "built-in model with early-exit:4 and dynamic k)")
+    models.add_argument("--target", default=None)
+    models.add_argument("--draft", default=None)
+    models.add_argument("--k", type=_non_negative_int, default=None)
+    models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
+    models.add_argument("--device", default=None)
 
 
 def _k_list(text: str) -> tuple[int, ...]:
@@ -128,19 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "the server is up, the trainer as a child process. Print the chat URL, the dashboard URL and the "
                     "`mlflow ui` command. Ctrl-C or SIGTERM drains the requests in flight, then stops the trainer "
                     "and Redis. See service/up.py.")
-    up.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)")
-    up.add_argument("--port", type=int, default=8000, help="default: %(default)s")
-    up.add_argument("--data-dir", type=Path, default=None,
-                    help="Redis data, MLflow's sqlite file, adapters, checkpoints, logs and the model cache "
+    _serving_options(up, "Redis data, MLflow's sqlite file, adapters, checkpoints, logs and the model cache "
                          "(default: $ADAPTIVE_SPEC_DATA_DIR or ./.adaptive-spec)")
     up.add_argument("--no-trainer", action="store_true", help="serve and follow the registry, but train nothing here")
-    up_models = up.add_argument_group("models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
-                                      "built-in model with early-exit:4 and dynamic k)")
-    up_models.add_argument("--target", default=None)
-    up_models.add_argument("--draft", default=None)
-    up_models.add_argument("--k", type=_non_negative_int, default=None)
-    up_models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
-    up_models.add_argument("--device", default=None)
     up.set_defaults(func=cmd_up)
 
     serve = commands.add_parser(
@@ -148,16 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve POST /v1/chat/completions and /v1/completions (OpenAI-compatible, with stream: true), "
                     "GET /v1/models, /health and /metrics. Correction records go to REDIS_URL when it is set. "
                     "Flags override the ADAPTIVE_SPEC_* environment; see service/settings.py.")
-    serve.add_argument("--host", default=None, help="bind address (default: 127.0.0.1, loopback only)")
-    serve.add_argument("--port", type=int, default=None, help="default: 8000")
-    serve.add_argument("--data-dir", type=Path, default=None, help="state directory (default: ./.adaptive-spec)")
-    serve_models = serve.add_argument_group("models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else "
-                                            "the built-in model with early-exit:4 and dynamic k)")
-    serve_models.add_argument("--target", default=None)
-    serve_models.add_argument("--draft", default=None)
-    serve_models.add_argument("--k", type=_non_negative_int, default=None)
-    serve_models.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "fp16"])
-    serve_models.add_argument("--device", default=None)
+    _serving_options(serve, "state directory (default: $ADAPTIVE_SPEC_DATA_DIR or ./.adaptive-spec)")
     serve.set_defaults(func=cmd_serve)
 
     train = commands.add_parser(
@@ -237,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # SIGTERM unwinds like Ctrl-C, so what a command started (a loopback Redis, say) is stopped by
+    # its `with`/`finally`. `up`, `serve` and `train` install their own handlers for a graceful stop.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from adaptive_spec.engine import InputError
     from adaptive_spec.models import ModelLoadError
     from adaptive_spec.prompts import PromptFileError
@@ -250,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _load_engine(args):

@@ -11,6 +11,8 @@ writer (service/runtime.py).
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 
 import uvicorn
 
@@ -19,10 +21,23 @@ from service.settings import Settings
 
 
 def run(settings: Settings, engine=None) -> None:
-    """Serve on settings.host:settings.port; returns after a graceful shutdown."""
+    """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0)."""
     config = uvicorn.Config(create_app(settings, engine), host=settings.host, port=settings.port,
                             timeout_graceful_shutdown=settings.drain_timeout_s, log_level="info")
-    uvicorn.Server(config).run()
+    # uvicorn handles SIGINT/SIGTERM while it serves, then raises the signal again for the handler
+    # it found. The shutdown is done by then: that second delivery must not kill the process (with
+    # Python's default) or unwind it as an error (with the CLI's), so it is a no-op here.
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, _after_shutdown) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _after_shutdown(signum, frame) -> None:
+    """The signal uvicorn re-raises after its graceful shutdown: nothing left to do."""
 
 
 if __name__ == "__main__":

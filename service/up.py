@@ -44,8 +44,8 @@ RESTART_PAUSE_S = 10.0
 
 @dataclass(frozen=True)
 class UpSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str | None = None  # None: ADAPTIVE_SPEC_HOST, else 127.0.0.1
+    port: int | None = None  # None: ADAPTIVE_SPEC_PORT, else 8000
     data_dir: Path = Path(".adaptive-spec")
     target: str | None = None  # None: ADAPTIVE_SPEC_TARGET, else the built-in default
     draft: str | None = None
@@ -61,26 +61,27 @@ def run_up(up: UpSettings) -> int:
     data_dir = up.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.environ["ADAPTIVE_SPEC_DATA_DIR"] = str(data_dir)  # the model cache and the children follow it
-    redis_server = None
-    redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        (data_dir / "redis").mkdir(exist_ok=True)
-        redis_server = started_server(data_dir / "redis", persist=True)
-        redis_url = redis_server.url
-        _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
-    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir / 'mlflow.db'}"
-    settings = Settings.from_env(host=up.host, port=up.port, data_dir=data_dir, target=up.target, draft=up.draft,
-                                 k=up.k, dtype=up.dtype, device=up.device, redis_url=redis_url,
-                                 mlflow_tracking_uri=tracking_uri)
-    trainer = _Trainer(settings, up.trainer_threads, data_dir / "logs" / "trainer.log") if up.trainer else None
-    ready = threading.Thread(target=_when_ready, args=(settings, trainer, tracking_uri), daemon=True)
-    # uvicorn handles SIGINT/SIGTERM while it serves, then raises the signal again for the handler it
-    # found: with Python's defaults that would end this process before the children are stopped.
+    # A signal while the children are started or stopped must not end this process half way: the
+    # server (service/server.py) stops on it; the rest is `finally`'s work.
     previous = {sig: signal.signal(sig, _noted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    redis_server = trainer = None
     try:
-        ready.start()
+        redis_url = os.environ.get("REDIS_URL")
+        if not redis_url:
+            (data_dir / "redis").mkdir(exist_ok=True)
+            redis_server = started_server(data_dir / "redis", persist=True)
+            redis_url = redis_server.url
+            _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir / 'mlflow.db'}"
+        settings = Settings.from_env(host=up.host, port=up.port, data_dir=data_dir, target=up.target,
+                                     draft=up.draft, k=up.k, dtype=up.dtype, device=up.device, redis_url=redis_url,
+                                     mlflow_tracking_uri=tracking_uri)
+        trainer = _Trainer(settings, up.trainer_threads, data_dir / "logs" / "trainer.log") if up.trainer else None
+        if _signalled.is_set():  # stopped while Redis was starting
+            return 0
         from service.server import run
 
+        threading.Thread(target=_when_ready, args=(settings, trainer, tracking_uri), daemon=True).start()
         run(settings)  # returns after a graceful shutdown on SIGINT / SIGTERM
         return 0
     except SystemExit as exc:  # uvicorn exits when it cannot bind the port
@@ -95,8 +96,12 @@ def run_up(up: UpSettings) -> int:
             signal.signal(sig, handler)
 
 
+_signalled = threading.Event()
+
+
 def _noted(signum, frame) -> None:
-    """Stand-in handler while `up` runs: the signal's work (shutting down) is done by uvicorn and `finally`."""
+    """Stand-in handler while `up` runs: the shutdown itself is uvicorn's work, then `finally`'s."""
+    _signalled.set()
 
 
 def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str) -> None:

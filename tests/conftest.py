@@ -108,3 +108,22 @@ def random_record(seed: int = 0, n_out: int = 24, m: int = 16, n_prompt: int = 1
 def make_record():
     """random_record(seed, n_out=..., m=..., ...) for tests outside this file."""
     return random_record
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The 4-layer random Llama of tests/adaptive_spec/tiny.py with the character-level chat
+    tokenizer of tests/service/tiny_chat.py, saved once, for tests that start `adaptive-spec`
+    processes on a local model directory."""
+    import sys
+
+    tests = Path(__file__).resolve().parent
+    sys.path.insert(0, str(tests / "adaptive_spec"))
+    sys.path.insert(0, str(tests / "service"))
+    from tiny import tiny_target
+    from tiny_chat import tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_target(0).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path

@@ -16,20 +16,7 @@ import pytest
 
 from service.local_redis import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import tiny_target  # noqa: E402
-from tiny_chat import tiny_tokenizer  # noqa: E402
-
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("up-model")
-    tiny_target(0).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 def _alive(pid: int) -> bool:
@@ -55,13 +42,13 @@ def _wait_for(log: Path, pattern: str, process: subprocess.Popen, timeout: float
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_up_starts_everything_serves_and_stops_what_it_started(model_dir, tmp_path, stop_signal):
+def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, tmp_path, stop_signal):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
     env.update(OMP_NUM_THREADS="1", ADAPTIVE_SPEC_SERVED_MODEL_NAME="tiny")
     log = tmp_path / "up.log"
     command = [sys.executable, "-m", "adaptive_spec.cli", "up", "--port", str(port), "--data-dir",
-               str(tmp_path / "data"), "--target", str(model_dir), "--draft", "early-exit:1"]
+               str(tmp_path / "data"), "--target", str(tiny_model_dir), "--draft", "early-exit:1"]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     redis_pid = trainer_pid = None
