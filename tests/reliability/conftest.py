@@ -14,15 +14,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py (--import-mode=importlib adds no test dir)
-from support import ServeProcess, tiny_target, tiny_tokenizer  # noqa: E402
+from support import ServeProcess  # noqa: E402
 
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_target(0).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+# `tiny_model_dir` (the tiny Llama and chat tokenizer saved once per session) is in tests/conftest.py.
 
 
 @pytest.fixture

@@ -30,8 +30,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "adaptive_spec"))  # tiny.py (--import-mode=importlib adds no test dir)
 sys.path.insert(0, str(TESTS / "service"))  # tiny_chat.py
 sys.path.insert(0, str(TESTS))  # registry_support.py, importable by the tests here
-from tiny import tiny_target  # noqa: E402, F401  (re-exported for conftest.py)
-from tiny_chat import tiny_tokenizer  # noqa: E402, F401
+from tiny import tiny_target  # noqa: E402, F401  (re-exported for the tests here)
 
 MODEL = "tiny"  # ADAPTIVE_SPEC_SERVED_MODEL_NAME of every server started here
 # Variables of the machine that would leak into a child and change what it talks to.
