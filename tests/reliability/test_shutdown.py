@@ -72,9 +72,9 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(serve_process,
     print(f"\nSIGTERM with {IN_FLIGHT} in flight: {len(finished)} finished with 200 "
           f"({[len(r.json()['choices'][0]['token_ids']) for r in finished]} tokens); {len(new)} new requests "
           f"while draining -> {outcomes}; exit {code} after {exited:.2f} s")
-    # uvicorn re-raises the signal once its graceful shutdown is done, so the exit status is "killed by
-    # SIGTERM"; the log shows the whole shutdown ran first.
-    assert code in (0, -signal.SIGTERM), server.log()[-3000:]
+    # uvicorn re-raises the signal once its graceful shutdown is done; service/server.py makes that a
+    # no-op, so a drained server exits 0 (a supervisor must not see a crash).
+    assert code == 0, server.log()[-3000:]
     assert "Application shutdown complete." in server.log()
     assert len(finished) == IN_FLIGHT, results
     assert all(len(r.json()["choices"][0]["token_ids"]) == 64 for r in finished)  # whole outputs, not cut short
