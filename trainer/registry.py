@@ -44,6 +44,16 @@ MLflow down (DESIGN.md "Behaviour under faults"): `PendingRegistrations` is the 
 `on_promote`. It writes the promoted adapter's directory to a queue file and returns at once; a
 thread registers the queue in order and, while MLflow is unreachable, keeps it and retries every
 `retry_s`, across trainer restarts too. The trainer never waits for MLflow.
+
+Operators win over the trainer. A queued adapter moves `champion` only while the registry still
+serves the adapter it was trained from (its `parent_sha256`, compared with the champion's
+`adapter_sha256` tag just before promoting). After a rollback, say champion 5 -> 4 while the
+trainer's v0006 (trained from 5) waited for MLflow, v0006 is registered as version 6 *without*
+promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operator can still
+promote it by hand. The trainer itself follows the registry through `RegistryChampion`
+(OnlineTrainer's `champion_source`): once nothing of its own is queued, whatever the registry serves
+is the champion it adopts, trains from and gates against. What is left: an operator action landing
+between the check and the alias move of one registration (a few milliseconds) is overwritten.
 """
 
 from __future__ import annotations
@@ -70,6 +80,8 @@ METADATA_FILE = "adaptive_spec_adapter.json"
 SHA_TAG = "adapter_sha256"
 ACTION_TAG = "adaptive_spec.last_action"
 EVENT_TAG = "adaptive_spec.last_event"
+NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left champion alone
+OUTSIDE = "mlflow-alias"  # `by` of a champion moved outside adaptive-spec (MLflow UI or client): no event
 
 # MLflow's REST client retries 7 times with exponential backoff (minutes) by default; registry
 # calls run in background threads that must notice an outage and come back, so fail within seconds.
@@ -111,6 +123,16 @@ class RegisteredAdapter:
                 "last_action": self.tags.get(ACTION_TAG), "last_action_by": self.tags.get(ACTION_TAG + "_by")}
 
 
+@dataclass(frozen=True)
+class ServedChampion:
+    """The version the `champion` alias names, as the trainer compares it with its own champion."""
+
+    version: str | None  # None: no alias (or no registered model): the base draft is served
+    sha256: str | None  # the version's adapter_sha256 tag; None for the base draft or an untagged version
+    by: str | None  # who put it there: the registry's last event when it names this version, else OUTSIDE
+    moved_from: str | None = None  # the champion before, from that event (None: no event, or the base draft)
+
+
 def default_tracking_uri(data_dir: Path) -> str:
     """`MLFLOW_TRACKING_URI`, else the sqlite file in the data directory."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(data_dir).resolve() / 'mlflow.db'}"
@@ -147,6 +169,7 @@ class AdapterRegistry:
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         self._redis = None
         self._experiment_id: str | None = None
+        self._sha_of: dict[str, str] = {}  # version -> adapter_sha256 tag (set when the version is created)
 
     def __repr__(self) -> str:
         from service.settings import redact_url
@@ -227,6 +250,27 @@ class AdapterRegistry:
         """The served version, or None (no registered model, or the alias points at nothing)."""
         return self.aliases().get(CHAMPION)
 
+    def served(self) -> ServedChampion:
+        """The champion, its weights' sha256 and who moved it there: one or two MLflow calls."""
+        with self._mlflow("read champion"):
+            try:
+                model = self.client.get_registered_model(self.model_name)
+            except Exception as exc:
+                if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
+                    return ServedChampion(None, None, None)
+                raise
+            version = (model.aliases or {}).get(CHAMPION)
+            version = None if version is None else str(version)
+            if version is not None and version not in self._sha_of:
+                sha = (self._get_version(version).tags or {}).get(SHA_TAG)
+                if sha:
+                    self._sha_of[version] = sha
+            raw = (model.tags or {}).get(EVENT_TAG)
+        event = json.loads(raw) if raw else {}
+        if event.get("version") == version:
+            return ServedChampion(version, self._sha_of.get(version), event.get("by"), event.get("from"))
+        return ServedChampion(version, self._sha_of.get(version), OUTSIDE)
+
     def get(self, version: str | int) -> RegisteredAdapter:
         with self._mlflow("read version"):
             return self._describe(self._get_version(str(version)), self.aliases())
@@ -245,6 +289,16 @@ class AdapterRegistry:
             model_version = self._get_version(str(version))
             destination.mkdir(parents=True, exist_ok=True)
             return Path(self.client.download_artifacts(model_version.run_id, ARTIFACT_PATH, str(destination)))
+
+    def version_of(self, sha256: str) -> str | None:
+        """The oldest version whose adapter_sha256 tag is sha256, or None."""
+        with self._mlflow("find version"):
+            found = self._versions_with_sha(sha256)
+        return found[0] if found else None
+
+    def set_version_tag(self, version: str | int, key: str, value: str) -> None:
+        with self._mlflow("tag version"):
+            self.client.set_model_version_tag(self.model_name, str(version), key, value)
 
     def last_event(self) -> dict | None:
         with self._mlflow("read event"):
@@ -448,6 +502,13 @@ class PendingRegistrations:
     promoted v0004 and v0005, champion ends at v0005 with previous at v0004, as if it had never
     been away. A `RegistryError` (e.g. the directory is gone) drops its entry, logged; anything else
     keeps the queue for the next try.
+
+    An entry that names the adapter it was trained from (`parent_sha256`, which OnlineTrainer's
+    AdapterVersion carries) is promoted only if that adapter (or the entry itself) is still the
+    champion when its turn comes. Otherwise an operator moved the champion meanwhile (a rollback,
+    say): the entry is registered without promotion and tagged `adaptive_spec.not_promoted`. In the
+    example above, v0004 lands and becomes champion; if an operator then rolls back before v0005's
+    turn, v0005 (trained from v0004) no longer matches and stays a plain version.
     """
 
     def __init__(self, registry: AdapterRegistry, queue_file: Path, *, by: str = "trainer", retry_s: float = 10.0):
@@ -456,6 +517,7 @@ class PendingRegistrations:
         self.by = by
         self.retry_s = retry_s
         self.registered: list[str] = []  # registry versions made by this object, in order
+        self.not_promoted: list[str] = []  # those of them left unpromoted: their lineage was abandoned
         self.failures = 0  # attempts that found MLflow unavailable
         self._flush_lock = threading.Lock()  # one flush at a time
         self._file_lock = threading.Lock()  # the queue file; never held across an MLflow call
@@ -465,9 +527,12 @@ class PendingRegistrations:
 
     def submit(self, adapter) -> None:
         """on_promote(AdapterVersion): never raises for MLflow and never waits for it."""
+        entry = {"path": str(Path(adapter.path).resolve()), "queued_at": time.time()}
+        if hasattr(adapter, "parent_sha256"):  # what it was trained from: the champion it may replace
+            entry.update(parent_sha256=adapter.parent_sha256, sha256=adapter.sha256)
         with self._file_lock:
             queue = self._read()
-            queue.append({"path": str(Path(adapter.path).resolve()), "queued_at": time.time()})
+            queue.append(entry)
             self._write(queue)
         self._wake.set()
         if self._thread is None:  # no background thread: try now, in the caller's thread
@@ -486,7 +551,14 @@ class PendingRegistrations:
                     return 0
                 entry = queue[0]
                 try:
-                    self.registered.append(self.registry.register(Path(entry["path"]), by=self.by))
+                    abandoned = self._abandoned(entry)
+                    version = self.registry.register(Path(entry["path"]), by=self.by, promote=abandoned is None)
+                    if abandoned is not None:
+                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
+                        log.warning("registered %s as version %s without promoting it: %s", entry["path"], version,
+                                    abandoned)
+                        self.not_promoted.append(version)
+                    self.registered.append(version)
                 except RegistryUnavailable as exc:
                     self.failures += 1
                     log.warning("%d adapter(s) wait for MLflow (%s); retrying every %.0f s", len(queue), exc,
@@ -499,6 +571,23 @@ class PendingRegistrations:
                     if queue and queue[0] == entry:
                         queue.pop(0)
                     self._write(queue)
+
+    def _abandoned(self, entry: dict) -> str | None:
+        """Why the entry must not move champion (an operator moved it off its parent), or None."""
+        if "parent_sha256" not in entry:  # queued by an older trainer, or by hand: promote as before
+            return None
+        served = self.registry.served()
+        parent, own = entry["parent_sha256"], entry.get("sha256")
+        if served.version is None:
+            holds = parent is None
+        else:
+            holds = served.sha256 is not None and served.sha256 in (parent, own)
+        if holds:
+            return None
+        trained_from = "the base draft" if parent is None else f"the adapter with sha256 {parent[:12]}"
+        return (f"it was trained from {trained_from}, but the champion is now "
+                f"{'the base draft' if served.version is None else 'version ' + served.version} "
+                f"(moved by {served.by}); promote it by hand if you want it")
 
     def start(self) -> PendingRegistrations:
         self._thread = threading.Thread(target=self._run, name="registry-sync", daemon=True)
@@ -535,3 +624,35 @@ class PendingRegistrations:
         temporary = self.queue_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(queue, indent=1) + "\n")
         os.replace(temporary, self.queue_file)
+
+
+class RegistryChampion:
+    """What the registry serves, for the trainer (`OnlineTrainer(champion_source=...)`).
+
+        source = RegistryChampion(registry, pending)
+        source.served()      # ServedChampion("4", "9f2c...", "cli:alice@host"), or None while pending is not empty
+        source.download("4", Path("/tmp/x"))   # the version's adapter directory
+        source.version_of("9f2c...")           # "4": the version holding these weights (for the log)
+
+    While some of the trainer's own promotions still wait in `pending`, the registry lags behind the
+    trainer and says nothing about operators: `served()` answers None and the trainer keeps its
+    champion. Once the queue is empty, a champion other than the trainer's is someone else's doing
+    (or a registration that could not promote) and the trainer adopts it. Raises RegistryUnavailable
+    when MLflow is down.
+    """
+
+    def __init__(self, registry: AdapterRegistry, pending: PendingRegistrations | None = None) -> None:
+        self.registry = registry
+        self.pending = pending
+
+    def served(self) -> ServedChampion | None:
+        if self.pending is not None and self.pending.pending():
+            return None
+        return self.registry.served()
+
+    def download(self, version: str, destination: Path) -> Path:
+        return self.registry.download(version, destination)
+
+    def version_of(self, sha256: str) -> str | None:
+        """The oldest version holding these weights, or None."""
+        return self.registry.version_of(sha256)
