@@ -12,6 +12,11 @@ and registered and promoted in MLflow (trainer/registry.py: `MLFLOW_TRACKING_URI
 `<data-dir>/mlflow.db`). Checkpoints go to `<data-dir>/trainer`; a restarted trainer resumes from
 the last one and re-reads what it had not acknowledged.
 
+An operator's rollback or promotion (CLI, admin API, or the alias moved in the MLflow UI) is
+followed: before each round and each promotion the trainer reads the `champion` alias and, when it
+moved, adopts that version (downloaded, checksum verified) as the adapter it trains from and gates
+against, so it never promotes over a rollback without beating the rolled-back-to version.
+
 SIGTERM or SIGINT: the round under way finishes, a last checkpoint is written, the registration queue
 gets one more try, and the process exits 0. MLflow down: training goes on; promoted adapters wait in
 `<data-dir>/registry-pending.json` and are registered when MLflow answers again (also after a restart).
@@ -62,7 +67,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.gate import Gate
     from trainer.online import OnlineTrainer
-    from trainer.registry import AdapterRegistry, PendingRegistrations
+    from trainer.registry import AdapterRegistry, PendingRegistrations, RegistryChampion
     from trainer.stream import CorrectionStream
 
     if not settings.redis_url:
@@ -97,7 +102,8 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     trainer = OnlineTrainer(draft_model, stream, data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
                             gate=Gate(min_positions=settings.gate_min_positions),
                             min_new_records=settings.min_new_records, round_steps=settings.round_steps,
-                            target_id=settings.target, draft_id=settings.draft, on_promote=pending.submit)
+                            target_id=settings.target, draft_id=settings.draft, on_promote=pending.submit,
+                            champion_source=RegistryChampion(registry, pending))
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
 
     stop = stop or threading.Event()

@@ -2,9 +2,11 @@
 promote a new adapter version only when it beats the one served on held-out recent traffic.
 
     stream = CorrectionStream(settings.redis_url, consumer="trainer-1")   # stable across restarts
+    pending = PendingRegistrations(registry, data_dir / "registry-pending.json").start()
     trainer = OnlineTrainer(build_early_exit(target, 4), stream, data_dir / "adapters",
                             checkpoint_dir=data_dir / "trainer", target_id="smollm2-135m-instruct",
-                            draft_id="early-exit:4", on_promote=registry.register)
+                            draft_id="early-exit:4", on_promote=pending.submit,
+                            champion_source=RegistryChampion(registry, pending))
     trainer.run(stop_event, budget_s=600)          # poll -> train_round -> checkpoint + ack, until stopped
 
 Small CPU check (tiny random models, a real redis-server, about 20 s):
@@ -27,6 +29,22 @@ The loop (`run`), one verb each:
   `adapters_dir/v0001` and becomes the champion that training continues from. The next round
   reached +0.0095 and was rolled back.
 - `checkpoint()` makes the state durable, then acknowledges what it covers (see below).
+
+The registry has the last word (`champion_source`, trainer/registry.py `RegistryChampion`). Before
+each round and again before each promotion, `sync_registry()` asks which version the `champion`
+alias names. If it is not the trainer's champion (and none of the trainer's own promotions is
+still on its way there), an operator moved it: a rollback, a promotion of an older version, or the
+alias removed (the base draft). The trainer then adopts it: it downloads that version, checks
+checksum.sha256 and the registry's sha256 tag, loads its LoRA weights (optimiser moments cleared;
+for the base draft the LoRA is re-initialised to its zero delta), and makes it the champion the
+gate compares against. Example: the trainer promoted v0005 (registry version 5); an operator
+rolls back to 4; the next round logs "champion moved in the registry from 5 to 4 by cli:alice@host;
+training from 4", trains from 4's weights, and its candidate is promoted only if it beats 4 by the
+gate's margin, so 5 cannot come back without earning it. A candidate whose round saw the champion
+move is discarded. MLflow down: the trainer keeps its champion and asks again `registry_retry_s`
+later. An adopted version that is not already a local directory is installed as the next vNNNN
+with `registry_version` in its metadata; `registry_versions` maps local directories to registry
+versions.
 
 Rejected candidates are rolled back. When the gate refuses, the LoRA weights are copied back
 from the champion and the optimiser's moments are cleared, so every round starts from the
@@ -54,7 +72,8 @@ and named by the file `LATEST` (replaced atomically), so a crash mid-write leave
     adapter/       the champion's LoRA weights (PEFT; the base draft's zero adapter before any promotion)
     buffer.bin     replay-buffer records, oldest first   } each a uint32 little-endian byte length
     holdout.bin    held-out records, oldest first        } + CorrectionRecord.encode()
-    state.json     counters, the champion's version, the next version number, the sampler's state
+    state.json     counters, the champion's version and sha256, the next version number, the sampler's
+                   state, the registry version in sync and the local -> registry version map
 
 The optimiser's moments are not saved: a resumed trainer starts them afresh, as
 `DraftTrainer.load` does.
@@ -62,7 +81,8 @@ The optimiser's moments are not saved: a resumed trainer starts them afresh, as
 A promoted version directory `adapters_dir/vNNNN` (written as `.vNNNN.tmp`, then renamed) holds
 PEFT's adapter_config.json and adapter_model.safetensors, `checksum.sha256` (sha256sum format,
 `sha256sum -c` checks it) and adaptive_spec_adapter.json with DraftTrainer's metadata plus
-`version`, `parent_version`, `base_version`, `gate` (candidate and champion figures, reason),
+`version`, `parent_version`, `parent_sha256`, `parent_registry_version`, `base_version`, `gate`
+(candidate and champion figures, reason),
 `loss`, `domain_mix` and `adapter_sha256`. Version numbers never reuse a directory that exists.
 
 Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer
@@ -78,6 +98,7 @@ import math
 import os
 import shutil
 import struct
+import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -89,7 +110,7 @@ import numpy as np
 import redis
 import torch
 
-from adaptive_spec.adapters import CHECKSUM_FILE, VOCAB_FILE, sha256_file
+from adaptive_spec.adapters import CHECKSUM_FILE, VOCAB_FILE, AdapterError, read_adapter, sha256_file
 from adaptive_spec.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS
 from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
@@ -117,6 +138,7 @@ class AdapterVersion:
     sha256: str  # of adapter_model.safetensors
     domain_mix: dict[str, int]  # distinct records of its last round, by domain
     parent_version: int | None  # None: trained from the base draft
+    parent_sha256: str | None = None  # the weights it was trained from (None: the base draft)
 
     @property
     def name(self) -> str:
@@ -166,6 +188,8 @@ class OnlineTrainer:
         base_version: str | int | None = None,  # an opaque label of what the lineage starts from
         read_count: int = 64,  # entries per XREADGROUP / XAUTOCLAIM
         reclaim_idle_ms: int = 60_000,
+        champion_source=None,  # the registry's champion (trainer.registry.RegistryChampion); None: ours only
+        registry_retry_s: float = 30.0,  # while the registry is unreachable, ask it again after this long
     ) -> None:
         if min_new_records < 1 or round_steps < 1:
             raise ValueError("min_new_records and round_steps must be >= 1")
@@ -182,6 +206,8 @@ class OnlineTrainer:
         self.base_version = base_version
         self.read_count = read_count
         self.reclaim_idle_ms = reclaim_idle_ms
+        self.champion_source = champion_source
+        self.registry_retry_s = registry_retry_s
 
         self.records_consumed = 0  # distinct records taken from the stream (held out or for training)
         self.tokens_consumed = 0  # their output tokens
@@ -193,6 +219,10 @@ class OnlineTrainer:
         self.new_records = 0  # training records since the last round
         self.last_result: RoundResult | None = None
         self.champion_version: int | None = None
+        self.champion_sha256: str | None = None  # of the champion's weights; None for the base draft
+        self.registry_champion: str | None = None  # the registry version last seen serving our champion
+        self.registry_versions: dict[str, str] = {}  # local directory (v0004) -> registry version ("4")
+        self.adoptions = 0  # champions taken over from the registry
         self.next_version = 1
         self._checkpoint_seq = 0
         self._unacked: dict[str, None] = {}  # stream entry ids routed but not yet acknowledged, in order
@@ -200,6 +230,9 @@ class OnlineTrainer:
         self._reread_own_pending = True
         self._changed = False  # anything to checkpoint since the last checkpoint
         self._champion_cache: tuple[tuple, GateFigures] | None = None  # (holdout revision, version) -> figures
+        self._registry_down = False
+        self._registry_retry_at = 0.0  # monotonic time before which an unreachable registry is not asked
+        self._refused: dict[str, str] = {}  # registry version -> why it could not be adopted (not retried)
 
         state, adapter = self._latest_checkpoint()
         settings = settings or LoraSettings()
@@ -282,6 +315,7 @@ class OnlineTrainer:
         if heldout_positions < self.gate.min_positions:
             return RoundResult(False, False, (f"held-out set has {heldout_positions} positions, the gate needs "
                                               f"{self.gate.min_positions}"))  # fmt: skip
+        self.sync_registry()  # the gate must compare against what is served, and training start from it
         champion = self._champion_figures(heldout)
         new_records, self.new_records = self.new_records, 0
         losses, trained_ids = [], set()
@@ -295,6 +329,9 @@ class OnlineTrainer:
         candidate = draft_agreement(self.trainer.model, heldout, self.trainer.settings.batch_tokens,
                                     self.trainer.settings.max_seq_len)  # fmt: skip
         accepted, reason = self.gate.decide(candidate, champion)
+        if accepted and self.sync_registry():  # adopting replaced the candidate's weights
+            accepted, reason = False, (f"the registry's champion moved during the round; candidate discarded, "
+                                       f"training from {self._champion_name()}")  # fmt: skip
         self.rounds += 1
         self._changed = True
         result = RoundResult(True, accepted, reason, self.rounds, len(losses), float(np.mean(losses)), losses[0],
@@ -311,6 +348,57 @@ class OnlineTrainer:
                  champion.expected_acceptance,
                  f"promoted v{result.version:04d}" if accepted else f"rolled back ({reason})")  # fmt: skip
         return result
+
+    def sync_registry(self) -> bool:
+        """Adopt the registry's champion if an operator moved it; True when the champion changed.
+
+        Cheap when nothing moved: one or two MLflow reads. Never raises for the registry: while it
+        is unreachable the trainer keeps its champion and asks again after `registry_retry_s`; a
+        version it cannot adopt (corrupt, untagged, another LoRA shape) is logged and not tried
+        again until the alias moves.
+        """
+        if self.champion_source is None or time.monotonic() < self._registry_retry_at:
+            return False
+        try:
+            served = self.champion_source.served()
+        except Exception as error:  # MLflow down or broken: training goes on from our champion
+            if not self._registry_down:
+                log.warning("registry unavailable (%s); training on from %s, asking again in %.0f s", error,
+                            self._champion_name(), self.registry_retry_s)  # fmt: skip
+            self._registry_down = True
+            self._registry_retry_at = time.monotonic() + self.registry_retry_s
+            return False
+        if self._registry_down:
+            log.info("registry reachable again")
+            self._registry_down = False
+        if served is None:  # our own promotions are still on their way: the registry lags behind us
+            return False
+        ours = (self.champion_version is None, self.champion_sha256)
+        if (served.version is None, served.sha256) == ours:
+            if served.version != self.registry_champion:
+                self.registry_champion = served.version
+                if self.champion_version is not None:
+                    self.registry_versions[f"v{self.champion_version:04d}"] = served.version
+                self._changed = True
+            return False
+        self._refused = {version: why for version, why in self._refused.items() if version == served.version}
+        if served.version in self._refused:  # tried again once the alias has moved elsewhere and back
+            return False
+        try:
+            self._adopt(served)
+        except (AdapterError, ValueError) as error:  # corrupt, untagged, or not shaped like our LoRA
+            self._refused[served.version] = str(error)
+            self._roll_back()  # a half-loaded adapter must not stay in the model
+            log.error("the registry's champion is %s (moved by %s) but it cannot be adopted: %s; training on from "
+                      "%s, whose promotions will not move the champion", served.version, served.by, error,
+                      self._champion_name())  # fmt: skip
+            return False
+        except Exception as error:  # MLflow went away mid-download, a full disk: try again next time
+            self._roll_back()
+            log.warning("could not adopt the registry's champion %s yet (%s); asking again before the next round",
+                        served.version, error)  # fmt: skip
+            return False
+        return True
 
     def checkpoint(self) -> Path:
         """Write the champion, buffer, held-out set and counters atomically, then acknowledge the
@@ -357,6 +445,8 @@ class OnlineTrainer:
             "promote_errors": self.promote_errors,
             "champion_version": self.champion_version,
             "next_version": self.next_version,
+            "adoptions": self.adoptions,
+            "registry_champion": self.registry_champion,
         }
 
     @property
@@ -452,6 +542,8 @@ class OnlineTrainer:
         metadata.update({
             "version": version,
             "parent_version": self.champion_version,
+            "parent_sha256": self.champion_sha256,
+            "parent_registry_version": self.registry_versions.get(f"v{self.champion_version or 0:04d}"),
             "base_version": self.base_version,
             "round": result.round,
             "round_steps": result.steps,
@@ -470,8 +562,9 @@ class OnlineTrainer:
         os.rename(temporary, final)  # fails rather than overwrite: next_version skips existing directories
 
         promoted = AdapterVersion(version, final, result.candidate, result.champion, result.loss, digest, domain_mix,
-                                  self.champion_version)  # fmt: skip
+                                  self.champion_version, self.champion_sha256)  # fmt: skip
         self.champion_version = version
+        self.champion_sha256 = digest
         self.next_version = version + 1
         self.adapters_promoted += 1
         self._champion_state = self._lora_state()
@@ -485,6 +578,86 @@ class OnlineTrainer:
                 self.promote_errors += 1
                 log.exception("on_promote failed for %s", final)
         return promoted
+
+    def _adopt(self, served) -> None:
+        """Make the registry's champion ours: its weights in the model, fresh optimiser, gate figures anew."""
+        ours = self._own_registry_version()  # maps the champion we leave, too
+        moved_from = self._registry_name(getattr(served, "moved_from", None) or ours)
+        if served.version is None:
+            self._reset_lora()
+            local = None
+        else:
+            if not served.sha256:
+                raise AdapterError(f"version {served.version} has no adapter_sha256 tag: nothing to verify it against")
+            with tempfile.TemporaryDirectory(prefix=".adopt-", dir=self.adapters_dir) as staging:
+                downloaded = self.champion_source.download(served.version, Path(staging))
+                read_adapter(downloaded)  # checksum.sha256 against the weights, as a server checks it
+                actual = sha256_file(downloaded / ADAPTER_WEIGHTS)
+                if actual != served.sha256:
+                    raise AdapterError(f"version {served.version}: weights hash to {actual[:12]}..., the registry "
+                                       f"says {served.sha256[:12]}...")  # fmt: skip
+                self.trainer.load(downloaded)  # checks the LoRA's shape; a fresh optimiser
+                local = self._local_version(served.sha256) or self._install(downloaded, served)
+            self.registry_versions[f"v{local:04d}"] = served.version
+        self.trainer.optimizer.state.clear()
+        self.champion_version = local
+        self.champion_sha256 = served.sha256
+        self.registry_champion = served.version
+        self.adoptions += 1
+        self._champion_state = self._lora_state()
+        self._champion_cache = None
+        self._changed = True
+        log.warning("champion moved in the registry from %s to %s by %s; training from %s (local %s)", moved_from,
+                    self._registry_name(served.version), served.by, self._registry_name(served.version),
+                    "base draft" if local is None else f"v{local:04d}")  # fmt: skip
+
+    def _own_registry_version(self) -> str | None:
+        """The registry version of our champion (asked by sha256 if our last promotion is not mapped yet)."""
+        if self.champion_version is None:
+            return None
+        name = f"v{self.champion_version:04d}"
+        if name not in self.registry_versions and self.champion_sha256:
+            try:
+                found = self.champion_source.version_of(self.champion_sha256)
+            except Exception as error:  # only for the log line
+                log.debug("no registry version for %s: %s", name, error)
+                found = None
+            if found is not None:
+                self.registry_versions[name] = found
+        return self.registry_versions.get(name, self.registry_champion)
+
+    def _reset_lora(self) -> None:
+        """LoRA back to its initial state: A as PEFT draws it (seeded), B = 0, so the draft is the base draft."""
+        from peft.tuners.lora import LoraLayer
+
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(self.trainer.settings.seed)
+            for module in self.trainer.model.modules():
+                if isinstance(module, LoraLayer):
+                    for name in module.lora_A:
+                        module.reset_lora_parameters(name, True)
+
+    def _local_version(self, sha256: str) -> int | None:
+        """The local version directory whose weights hash to sha256 (ours, registered before), or None."""
+        for path in sorted(self.adapters_dir.glob("v[0-9]*")):
+            if path.name[1:].isdigit() and (read_metadata(path) or {}).get("adapter_sha256") == sha256:
+                return int(path.name[1:])
+        return None
+
+    def _install(self, downloaded: Path, served) -> int:
+        """Copy an adopted version in as the next vNNNN, its registry version added to its metadata."""
+        version = self.next_version
+        final = self.adapters_dir / f"v{version:04d}"
+        temporary = self.adapters_dir / f".{final.name}.tmp"
+        shutil.rmtree(temporary, ignore_errors=True)
+        shutil.copytree(downloaded, temporary)
+        metadata = read_metadata(temporary) or {}
+        metadata.update({"registry_version": served.version, "adopted_at": time.time(), "adopted_by": served.by,
+                         "adopted_as": version})  # fmt: skip
+        (temporary / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        os.rename(temporary, final)
+        self.next_version = version + 1
+        return version
 
     def _draft_vocab(self) -> list[int]:
         """The tokens the target chose (its top-1) in the buffered traffic: the served draft's head.
@@ -514,7 +687,16 @@ class OnlineTrainer:
         return dict(sorted(domains.items()))
 
     def _champion_name(self) -> str:
-        return "base draft" if self.champion_version is None else f"v{self.champion_version:04d}"
+        """E.g. v0004, or v0004 (registry version 4) once the registry is known to hold it, or base draft."""
+        if self.champion_version is None:
+            return "base draft"
+        name = f"v{self.champion_version:04d}"
+        registered = self.registry_versions.get(name)
+        return f"{name} (registry version {registered})" if registered else name
+
+    @staticmethod
+    def _registry_name(version: str | None) -> str:
+        return "the base draft" if version is None else version
 
     def _progress(self) -> str:
         last = self.last_result
@@ -534,6 +716,10 @@ class OnlineTrainer:
             "consumer": self.stream.consumer,
             "checkpoint_seq": self._checkpoint_seq,
             "champion_version": self.champion_version,
+            "champion_sha256": self.champion_sha256,
+            "registry_champion": self.registry_champion,
+            "registry_versions": self.registry_versions,
+            "adoptions": self.adoptions,
             "next_version": self.next_version,
             "base_version": self.base_version,
             "new_records": self.new_records,
@@ -565,6 +751,13 @@ class OnlineTrainer:
         for name in _COUNTERS:
             setattr(self, name, state["counters"][name])
         self.champion_version = state["champion_version"]
+        self.champion_sha256 = state.get("champion_sha256")
+        weights = self.champion_path / ADAPTER_WEIGHTS if self.champion_path is not None else None
+        if "champion_sha256" not in state and weights is not None and weights.is_file():  # an older checkpoint
+            self.champion_sha256 = sha256_file(weights)
+        self.registry_champion = state.get("registry_champion")
+        self.registry_versions = dict(state.get("registry_versions") or {})
+        self.adoptions = state.get("adoptions", 0)
         self.next_version = state["next_version"]
         self.new_records = state["new_records"]
         self._checkpoint_seq = state["checkpoint_seq"]
