@@ -364,7 +364,7 @@ class StatsRecorder:
     def read_buckets(self, start: float, end: float, resolution: int) -> list[tuple[int, dict[str, float]]]:
         """[(bucket start, {field: value})] for every bucket overlapping [start, end), oldest first."""
         first = int(start // resolution * resolution)
-        starts = list(range(first, int(end), resolution))
+        starts = list(range(first, math.ceil(end), resolution))  # b < end: int(end) would drop the bucket under way
         pipe = self.redis.pipeline(transaction=False)
         for bucket in starts:
             pipe.hgetall(bucket_key(resolution, bucket))
@@ -375,7 +375,7 @@ class StatsRecorder:
         """Every plotted figure per step, by adapter version and by domain (nulls where no traffic)."""
         resolution, step = self.resolution_for(start, end, step)
         first = int(start // step * step)
-        times = list(range(first, int(end), step))
+        times = list(range(first, math.ceil(end), step))
         index = {t: i for i, t in enumerate(times)}
         by_version: dict[str, list[dict]] = {}
         by_domain: dict[str, list[dict]] = {}

@@ -60,6 +60,20 @@ def test_two_replicas_add_up_in_every_bucket_size(redis_client, redis_url):
     assert field(60, "requests", "code") == 1  # ...and in the first minute
 
 
+def test_the_bucket_under_way_is_read(redis_client, redis_url):
+    """A range ending half a second into a bucket includes that bucket (int(end) once dropped it, so a
+    reader in the first second of a 10 s bucket lost the requests just recorded there)."""
+    stats = recorder(redis_url)
+    stats.record(request_stats([(2, 1)], "3"), domain="sql", greedy=True, ended_at=T0 + 10.2)
+    assert stats.flush()
+    for end in (T0 + 10.5, T0 + 11, T0 + 19.9):
+        series = stats.series(T0, end, step=10)
+        assert series["t"][-1] == T0 + 10
+        assert series["by_version"]["3"]["requests"][-1] == 1
+        assert [b for b, _ in stats.read_buckets(T0, end, 10)] == [T0 + 10]
+    assert "3" not in stats.series(T0, T0 + 10, step=10)["by_version"]  # [T0, T0 + 10) ends before it
+
+
 def test_series_figures_follow_the_documented_formulas(redis_client, redis_url):
     stats = recorder(redis_url)
     stats.record(request_stats([(4, 3)] * 10, "4", wall_s=0.7, prefill_s=0.2), domain="json", greedy=True,
