@@ -12,6 +12,7 @@ always runs locally, whatever $REDIS_URL says.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,10 @@ import pytest
 import redis
 import torch
 
-from adaptive_spec.record import CorrectionRecord
-from service.local_redis import RedisNotInstalled, RedisServer, started_server
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # polling.py and friends, for every test module
+
+from adaptive_spec.record import CorrectionRecord  # noqa: E402
+from service.local_redis import RedisNotInstalled, RedisServer, started_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +118,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     """The 4-layer random Llama of tests/adaptive_spec/tiny.py with the character-level chat
     tokenizer of tests/service/tiny_chat.py, saved once, for tests that start `adaptive-spec`
     processes on a local model directory."""
-    import sys
-
     tests = Path(__file__).resolve().parent
     sys.path.insert(0, str(tests / "adaptive_spec"))
     sys.path.insert(0, str(tests / "service"))

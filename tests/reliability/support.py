@@ -31,6 +31,7 @@ sys.path.insert(0, str(TESTS / "adaptive_spec"))  # tiny.py (--import-mode=impor
 sys.path.insert(0, str(TESTS / "service"))  # tiny_chat.py
 sys.path.insert(0, str(TESTS))  # registry_support.py, importable by the tests here
 from tiny import tiny_target  # noqa: E402, F401  (re-exported for the tests here)
+from polling import wait_for as eventually  # noqa: E402, F401  (re-exported for the tests here)
 
 MODEL = "tiny"  # ADAPTIVE_SPEC_SERVED_MODEL_NAME of every server started here
 # Variables of the machine that would leak into a child and change what it talks to.
@@ -148,17 +149,6 @@ def scrape(text: str, name: str, **labels: str) -> float:
                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
-def eventually(condition, timeout: float, what: str):
-    """Poll `condition` until it returns something truthy (which is returned), or fail the test."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
-
-
 def kill_redis(server: RedisServer) -> None:
     """SIGKILL the redis-server (no shutdown, no goodbye to clients), by the pid this test started."""
     server.process.kill()
@@ -180,8 +170,6 @@ def listening_address(port: int) -> str:
                     return ".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0))
                 return "::" if set(address) == {"0"} else address
     raise AssertionError(f"nothing listens on port {port}")
-
-
 
 
 class BackgroundLoad:

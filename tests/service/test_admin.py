@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
+from polling import wait_for  # noqa: E402
 from registry_support import write_adapter  # noqa: E402
 from tiny import tiny_target  # noqa: E402
 
@@ -57,15 +58,6 @@ def server(live_server, target, data_dir):
                      adapter_poll_s=60.0) as server:
         wait_for(lambda: server.service.engine.adapter_version == "3", 10, "the initial champion")
         yield server
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def auth(token: str = TOKEN) -> dict:

@@ -35,6 +35,7 @@ from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
 from service.app import create_app
 from service.correction_log import PAYLOAD_FIELD
 from service.settings import Settings
+from polling import wait_for
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.redis]  # the module server logs to Redis
 
@@ -48,16 +49,6 @@ def client(server, **kwargs) -> openai.OpenAI:
 
 def model_name(server) -> str:
     return httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-
-
-def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def idle(server) -> None:

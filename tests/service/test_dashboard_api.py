@@ -12,6 +12,7 @@ import pytest
 
 from adaptive_spec import Engine
 from dashboard_support import make_adapter, send_traffic, settle
+from polling import wait_for
 from tiny import tiny_target
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
@@ -21,16 +22,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 def engine() -> Engine:
     """A private engine: these tests swap its adapters."""
     return Engine(tiny_target(0), "early-exit:1", tokenizer=None, k=3, record_topk=8)
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_series_events_and_summary_follow_live_traffic_and_swaps(live_server, engine, redis_client, redis_url,

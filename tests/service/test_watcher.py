@@ -31,6 +31,7 @@ from mlflow import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
+from polling import wait_for  # noqa: E402
 from registry_support import MlflowServer, write_adapter  # noqa: E402
 from tiny import tiny_target  # noqa: E402
 
@@ -78,16 +79,6 @@ def registry(store, tmp_path, redis_url) -> AdapterRegistry:
 
 def engine_for(target) -> Engine:
     return Engine(target, "early-exit:1", k=3, record_topk=8, eos_token_id=[])
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def metric(server, name: str, **labels) -> float:

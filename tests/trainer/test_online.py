@@ -45,6 +45,9 @@ from trainer.stream import CorrectionStream
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
 from tiny import llama  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from polling import wait_for  # noqa: E402
+
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 VOCAB = 64
@@ -309,13 +312,6 @@ def test_another_consumer_reclaims_a_dead_trainers_entries_once_idle(target, rec
     assert kept(heir) == heir.records_consumed == 50
     heir.checkpoint()
     assert heir.stream.pending_count() == 0
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_run_rides_out_a_redis_restart(target, records, redis_server, tmp_path):
