@@ -71,8 +71,7 @@ class ServiceMetrics:
                                         "How long the last adapter swap held decoding.", registry=self.registry)
         if writer is not None:
             self.registry.register(_CorrectionLogCollector(writer))
-        self._domains: set[str] = set()
-        self._lock = threading.Lock()
+        self._domain_label = DomainLabels()
 
     def observe(self, stats: RequestStats, *, domain: str | None, finish_reason: str, prompt_tokens: int,
                 generation_tokens: int, latency_s: float) -> None:
@@ -93,14 +92,25 @@ class ServiceMetrics:
     def _counter(self, name: str, doc: str, labels: list[str]) -> Counter:
         return Counter(PREFIX + name, doc, labels, registry=self.registry)
 
-    def _domain_label(self, domain: str | None) -> str:
+
+
+class DomainLabels:
+    """The label of a request's domain tag: "none" without one, the tag itself for the first
+    `limit` distinct tags, "other" after that, so a client cannot create unbounded series."""
+
+    def __init__(self, limit: int = MAX_DOMAINS) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, domain: str | None) -> str:
         if domain is None:
             return "none"
         with self._lock:
-            if domain in self._domains:
+            if domain in self._seen:
                 return domain
-            if len(self._domains) < MAX_DOMAINS:
-                self._domains.add(domain)
+            if len(self._seen) < self.limit:
+                self._seen.add(domain)
                 return domain
         return "other"
 

@@ -71,6 +71,7 @@ from pathlib import Path
 import redis
 
 from adaptive_spec.stats import RequestStats
+from service.metrics import DomainLabels
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class StatsRecorder:
         self._pending_events: list[dict[str, str]] = []
         self._pending_adapters: dict[str, str] = {}
         self._known_adapters: set[str] = set()  # versions whose gate figures were stored or looked for
-        self._domains: set[str] = set()
+        self._domains = DomainLabels(MAX_DOMAINS)
         self._last_version: object = _UNSEEN
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -244,15 +245,7 @@ class StatsRecorder:
             self.counts["events"] += 1
 
     def _domain_label(self, domain: str | None) -> str:
-        if domain is None:
-            return "none"
-        domain = domain.replace("|", "_")
-        if domain in self._domains:
-            return domain
-        if len(self._domains) < MAX_DOMAINS:
-            self._domains.add(domain)
-            return domain
-        return "other"
+        return self._domains(None if domain is None else domain.replace("|", "_"))  # "|" separates field parts
 
     def _drop_oldest_if_full(self) -> None:
         while len(self._pending) > MAX_PENDING_KEYS:

@@ -128,3 +128,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     tiny_target(0).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on a free loopback port for one test module, stopped by its process
+    group (tests/registry_support.py). A test may stop and start it to play an outage."""
+    from registry_support import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()

@@ -32,7 +32,7 @@ from mlflow import MlflowClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
 from polling import wait_for  # noqa: E402
-from registry_support import MlflowServer, write_adapter  # noqa: E402
+from registry_support import write_adapter  # noqa: E402
 from tiny import tiny_target  # noqa: E402
 
 from adaptive_spec import Engine  # noqa: E402
@@ -139,14 +139,6 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(live_server, targ
         assert metric(server, "adaptive_spec:adapter_version") == 3
         assert 0 < metric(server, "adaptive_spec:adapter_swap_pause_seconds") < 0.05
         assert metric(server, "adaptive_spec:adapter_refusals_total") == 0
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server, target, adapters, tmp_path):

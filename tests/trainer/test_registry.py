@@ -32,7 +32,7 @@ from mlflow import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from registry_support import MlflowServer, write_adapter  # noqa: E402
+from registry_support import write_adapter  # noqa: E402
 from tiny import llama, tiny_target  # noqa: E402
 
 from adaptive_spec import cli  # noqa: E402
@@ -41,14 +41,6 @@ from trainer.registry import (ADAPTER_EVENTS, MODEL_NAME, AdapterRegistry, Pendi
                               RegistryError, RegistryUnavailable)
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +53,7 @@ def backend(request, sqlite_dir) -> tuple[str, Path]:
     """(tracking URI, data dir); a test gets its own registered model name on a shared store."""
     if request.param == "sqlite":
         return f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir
-    return request.getfixturevalue("server").url, sqlite_dir
+    return request.getfixturevalue("mlflow_server").url, sqlite_dir
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +186,7 @@ def test_cli_lists_rolls_back_and_promotes(backend, adapters, capsys, monkeypatc
     assert "no version" in capsys.readouterr().err
 
 
-def test_promotions_wait_for_mlflow_and_land_when_it_returns(server, adapters, redis_client, redis_url, tmp_path):
+def test_promotions_wait_for_mlflow_and_land_when_it_returns(mlflow_server, adapters, redis_client, redis_url, tmp_path):
     """MLflow down while (a) PendingRegistrations gets two promotions in this process and (b) `adaptive-spec
     train` runs as a process, gets records, trains and promotes; MLflow back: everything lands, in order.
     Then SIGTERM: the trainer checkpoints and exits 0. (Last in the file: it stops the module's server.)"""
@@ -207,10 +199,10 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(server, adapters, r
     target.save_pretrained(target_dir)
     engine = Engine(target, "early-exit:1", k=1, record_topk=8, eos_token_id=[], target_id=str(target_dir))
     data_dir = tmp_path / "data"
-    registry = AdapterRegistry(server.url, data_dir=data_dir)  # the default name, as `train` uses it
-    queued = AdapterRegistry(server.url, data_dir=tmp_path, model_name=f"outage-{uuid.uuid4().hex[:8]}")
-    server.stop()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": server.url, "REDIS_URL": redis_url,
+    registry = AdapterRegistry(mlflow_server.url, data_dir=data_dir)  # the default name, as `train` uses it
+    queued = AdapterRegistry(mlflow_server.url, data_dir=tmp_path, model_name=f"outage-{uuid.uuid4().hex[:8]}")
+    mlflow_server.stop()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": mlflow_server.url, "REDIS_URL": redis_url,
            "ADAPTIVE_SPEC_DATA_DIR": str(data_dir)}
     command = [sys.executable, "-m", "adaptive_spec.cli", "train", "--target", str(target_dir), "--draft",
                "early-exit:1", "--data-dir", str(data_dir), "--threads", "1", "--min-new-records", "16",
@@ -240,7 +232,7 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(server, adapters, r
               and json.loads((data_dir / "registry-pending.json").read_text()), 10, "the queued registration")
         assert pending.failures >= 2 and [Path(e["path"]).name for e in pending.pending()] == ["v0001", "v0002"]
     finally:
-        server.start()
+        mlflow_server.start()
     _wait(lambda: not pending.pending(), 60, "the in-process queue drains once MLflow is back")
     assert pending.registered == ["1", "2"] and queued.aliases() == {"champion": "2", "previous": "1"}
     assert pending.stop() == 0
