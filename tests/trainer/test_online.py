@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
 import torch
@@ -44,6 +43,7 @@ from trainer.stream import CorrectionStream
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
 from tiny import llama  # noqa: E402
+from traffic import greedy_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from polling import wait_for  # noqa: E402
@@ -69,18 +69,8 @@ def target():
 @pytest.fixture(scope="module")
 def records(target) -> list[CorrectionRecord]:
     """Greedy traffic served by the Engine (k = 1, early-exit:1), logged with the target's top-8."""
-    engine = Engine(target, "early-exit:1", k=1, record_topk=TOP_M, eos_token_id=[], target_id="tiny-llama")
-    rng = np.random.default_rng(0)
-    made = []
-    for i in range(RECORDS):
-        out = engine.generate(rng.integers(0, DOMAIN_TOKENS, PROMPT_LEN).tolist(), max_new_tokens=NEW_TOKENS)
-        made.append(CorrectionRecord(
-            request_id=f"req-{i}", created_at=1_700_000_000.0 + i, domain=DOMAINS[i % 3], target_id="tiny-llama",
-            draft_id="early-exit:1", adapter_version=None, temperature=0.0, prompt_ids=out.prompt_ids,
-            output_ids=out.token_ids, proposed=out.proposed, accepted=out.accepted,
-            target_topk_ids=out.target_topk_ids, target_topk_logprobs=out.target_topk_logprobs,
-        ))  # fmt: skip
-    return made
+    return greedy_records(target, RECORDS, domains=DOMAINS, domain_tokens=DOMAIN_TOKENS, prompt_len=PROMPT_LEN,
+                          new_tokens=NEW_TOKENS, top_m=TOP_M)
 
 
 def append(client: redis.Redis, stream: str, records: list[CorrectionRecord]) -> None:
