@@ -39,6 +39,11 @@ def enabled() -> bool:
     return os.environ.get("ADAPTIVE_SPEC_CPU_LINEAR", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def applies(weight: torch.Tensor) -> bool:
+    """Whether products with `weight` take `skinny_linear`: fp32 on the CPU, unless turned off."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and enabled()
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for inputs of at most MAX_ROWS rows, computed as (W @ x.T).T."""
     rows = x.reshape(-1, x.shape[-1])
@@ -68,7 +73,7 @@ def install(model: nn.Module) -> int:
     """
     count = 0
     for module in model.modules():
-        if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32:
+        if type(module) is nn.Linear and applies(module.weight):
             module.forward = types.MethodType(_forward, module)
             count += 1
     return count

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from adaptive_spec import kv
-from adaptive_spec.cpu_linear import skinny_linear
+from adaptive_spec import cpu_linear, kv
 from adaptive_spec.drafters import Proposal
 from adaptive_spec.sampling import SamplingParams, logits_to_probs, sample
 
@@ -48,6 +48,8 @@ class ModelDrafter:
         if getattr(head, "bias", None) is not None:
             raise ValueError("restricting the vocabulary needs an LM head without bias")
         self._head_rows = head.weight[vocab].contiguous()
+        # the same rule as the layers' linears (cpu_linear.install)
+        self._head_product = cpu_linear.skinny_linear if cpu_linear.applies(self._head_rows) else F.linear
         self.vocab = vocab
 
     def reset(self, context: list[int]) -> None:
@@ -84,7 +86,7 @@ class ModelDrafter:
         if self.vocab is None:
             return self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0]
         hidden = self.model.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).last_hidden_state
-        return skinny_linear(hidden[0, -1:], self._head_rows)  # [1, n_vocab]
+        return self._head_product(hidden[0, -1:], self._head_rows)  # [1, n_vocab]
 
     def _to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:

@@ -50,3 +50,10 @@ def test_gradients_take_the_stock_path():
     x = torch.randn(3, 8, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_SPEC_CPU_LINEAR", "0")
+    layer = nn.Linear(8, 4)
+    assert not cpu_linear.applies(layer.weight)
+    assert cpu_linear.install(layer) == 0 and "forward" not in vars(layer)
