@@ -26,9 +26,10 @@ import torch
 from adaptive_spec import cpu_linear, kv
 from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.drafters import Drafter, Proposal
-from adaptive_spec.drafters.early_exit import DraftSpecError, build_early_exit
+from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
+from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from adaptive_spec.sampling import SamplingParams, logits_to_probs
@@ -149,7 +150,7 @@ class Engine:
         dt = resolve_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
         draft_model = draft
-        if isinstance(draft, str) and not _is_builtin_draft_spec(draft):
+        if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
             draft_model, _ = load_model(draft, dev, dt)
         return cls(model, draft_model, tokenizer, target_id=target,
                    draft_id=draft if isinstance(draft, str) else None, **kwargs)
@@ -444,24 +445,17 @@ def _eos_ids(model, tokenizer, override) -> set[int]:
     return found
 
 
-def _is_builtin_draft_spec(spec: str) -> bool:
-    return spec.startswith("early-exit:") or spec == "ngram" or spec.startswith("ngram:")
-
-
 def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Drafter | None:
     if draft is None:
         return None
     if isinstance(draft, str):
-        kind, _, arg = draft.partition(":")
-        if kind == "ngram":
-            if arg and not (arg.isdigit() and int(arg) >= 1):
-                raise DraftSpecError(f"ngram:N needs N >= 1, the longest n-gram to look up; got {draft!r}")
-            return NgramDrafter(int(arg) if arg else 3, device)
-        if kind == "early-exit":
-            if not arg.isdigit():
-                raise DraftSpecError(f"early-exit needs a layer count, e.g. early-exit:4; got {draft!r}")
-            return ModelDrafter(build_early_exit(target, int(arg)), name=draft)
-        raise DraftSpecError(f"unknown draft spec {draft!r}: use early-exit:N, ngram, ngram:N, or a model")
+        spec = parse_draft_spec(draft)
+        if spec.kind == "ngram":
+            return NgramDrafter(spec.max_ngram, device)
+        if spec.kind == "early-exit":
+            return ModelDrafter(build_early_exit(target, spec.layers), name=draft)
+        raise DraftSpecError(f"unknown draft spec {draft!r}: use early-exit:N, ngram, ngram:N, or a model "
+                             f"(Engine.from_pretrained loads a draft model by name)")
     if isinstance(draft, torch.nn.Module):
         draft_vocab = _vocab_size(draft)
         if draft_vocab != vocab_size:

@@ -16,9 +16,7 @@ import copy
 import torch
 from torch import nn
 
-
-class DraftSpecError(ValueError):
-    """A draft spec that does not fit the target."""
+from adaptive_spec.drafters.spec import DraftSpecError
 
 
 def decoder_layers(model) -> nn.ModuleList:
