@@ -67,8 +67,10 @@ def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict]
         expected = checksum_file.read_text().split()[0] if checksum_file.read_text().split() else ""
         actual = sha256_file(weights_file)
         if actual != expected:
-            raise AdapterError(f"{path}: checksum mismatch for {WEIGHTS_FILE} (expected {expected[:12]}..., "
-                               f"got {actual[:12]}...): the file is corrupt or was changed")
+            raise AdapterError(
+                f"{path}: checksum mismatch for {WEIGHTS_FILE} (expected {expected[:12]}..., "
+                f"got {actual[:12]}...): the file is corrupt or was changed"
+            )
     try:
         config = json.loads(config_file.read_text())
         metadata = json.loads((path / METADATA_FILE).read_text()) if (path / METADATA_FILE).is_file() else {}
@@ -87,7 +89,7 @@ def lora_pairs(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tupl
     rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", 0))
     if rank <= 0:
         raise AdapterError(f"adapter rank must be positive, got {rank}")
-    scaling = alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
+    scaling = alpha / (rank**0.5 if config.get("use_rslora") else rank)
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
@@ -99,7 +101,9 @@ def lora_pairs(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tupl
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"{module}: needs both lora_A and lora_B")
         if ab["A"].shape[0] != rank or ab["B"].shape[1] != rank:
-            raise AdapterError(f"{module}: LoRA shapes {tuple(ab['A'].shape)} / {tuple(ab['B'].shape)} do not match r={rank}")
+            raise AdapterError(
+                f"{module}: LoRA shapes {tuple(ab['A'].shape)} / {tuple(ab['B'].shape)} do not match r={rank}"
+            )
         pairs[module] = (ab["A"], ab["B"], scaling)
     if not pairs:
         raise AdapterError("the adapter holds no LoRA weights")
@@ -116,8 +120,10 @@ def check(draft: nn.Module, pairs: dict[str, tuple[torch.Tensor, torch.Tensor, f
         if not isinstance(module, nn.Linear):
             raise AdapterError(f"{name}: no such linear module in this draft ({len(draft.model.layers)} layers)")
         if lora_a.shape[1] != module.in_features or lora_b.shape[0] != module.out_features:
-            raise AdapterError(f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
-                               f"{module.out_features}x{module.in_features}")
+            raise AdapterError(
+                f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
+                f"{module.out_features}x{module.in_features}"
+            )
 
 
 def merge_into_slot(base_layers: nn.ModuleList, pairs) -> nn.ModuleList:

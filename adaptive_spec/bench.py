@@ -39,9 +39,17 @@ from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 
 
-def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: int | None,
-              temperature: float = 0.0, dtype: str = "auto", progress: bool = True, hf: bool = True,
-              desc: str = "bench") -> dict:
+def run_bench(
+    engine: Engine,
+    items: list[PromptItem],
+    max_new_tokens: int,
+    k: int | None,
+    temperature: float = 0.0,
+    dtype: str = "auto",
+    progress: bool = True,
+    hf: bool = True,
+    desc: str = "bench",
+) -> dict:
     """The figures of one run; `hf=False` times only the target alone and ours (no HF keys)."""
     prompts = [engine.encode_prompt(item.prompt) for item in items]
     paths = ("target", "spec", "hf_assisted", "hf_target") if hf else ("target", "spec")
@@ -100,9 +108,13 @@ def run_bench(engine: Engine, items: list[PromptItem], max_new_tokens: int, k: i
         "torch_threads": torch.get_num_threads(),
     }
     if hf:
-        figures.update(hf_assisted_tok_s=rate["hf_assisted"], hf_target_tok_s=rate["hf_target"],
-                       speedup_vs_hf=rate["spec"] / rate["hf_assisted"],
-                       hf_identical_prompts=hf_identical if greedy else None, hf_peer=_hf_peer_description(engine, k))
+        figures.update(
+            hf_assisted_tok_s=rate["hf_assisted"],
+            hf_target_tok_s=rate["hf_target"],
+            speedup_vs_hf=rate["spec"] / rate["hf_assisted"],
+            hf_identical_prompts=hf_identical if greedy else None,
+            hf_peer=_hf_peer_description(engine, k),
+        )
     return figures
 
 
@@ -173,12 +185,18 @@ def _assistant_config(draft_model, k: int | None):
 
 
 @torch.inference_mode()
-def _hf_generate(engine: Engine, ids: list[int], max_new_tokens: int, k: int | None, temperature: float,
-                 assisted: bool) -> list[int]:
+def _hf_generate(
+    engine: Engine, ids: list[int], max_new_tokens: int, k: int | None, temperature: float, assisted: bool
+) -> list[int]:
     inputs = torch.tensor([ids], device=engine.device)
     eos = sorted(engine.eos_ids)
-    kwargs = dict(attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, do_sample=temperature > 0)
+    kwargs = dict(
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+        do_sample=temperature > 0,
+    )
     if temperature > 0:
         kwargs.update(temperature=temperature, top_p=1.0, top_k=0)
         torch.manual_seed(0)
@@ -191,4 +209,4 @@ def _hf_generate(engine: Engine, ids: list[int], max_new_tokens: int, k: int | N
             out = engine.target.generate(inputs, assistant_model=drafter.model, **kwargs)
     else:
         out = engine.target.generate(inputs, **kwargs)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()

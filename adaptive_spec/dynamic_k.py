@@ -99,8 +99,9 @@ class DynamicK:
                 return 1
         return best_k
 
-    def observe(self, k: int, num_accepted: int, draft_s: float, draft_forwards: int, verify_s: float,
-                catch_up: bool = False) -> None:
+    def observe(
+        self, k: int, num_accepted: int, draft_s: float, draft_forwards: int, verify_s: float, catch_up: bool = False
+    ) -> None:
         """Fold in one step: k drafted, num_accepted kept, and the time each model took.
 
         `catch_up` marks a step whose first draft forward also fed context the draft had not

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -119,9 +119,19 @@ class Engine:
     (the default) k is chosen per step by `DynamicK`; an integer fixes it.
     """
 
-    def __init__(self, target, draft=DEFAULT_DRAFT, tokenizer=None, *, k: int | None = None, k_max: int = 8,
-                 target_id: str = "target", draft_id: str | None = None, record_topk: int = 0,
-                 eos_token_id: int | list[int] | None = None):
+    def __init__(
+        self,
+        target,
+        draft=DEFAULT_DRAFT,
+        tokenizer=None,
+        *,
+        k: int | None = None,
+        k_max: int = 8,
+        target_id: str = "target",
+        draft_id: str | None = None,
+        record_topk: int = 0,
+        eos_token_id: int | list[int] | None = None,
+    ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
         self.tokenizer = tokenizer
@@ -143,8 +153,14 @@ class Engine:
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
 
     @classmethod
-    def from_pretrained(cls, target: str = DEFAULT_MODEL, draft: str | None = DEFAULT_DRAFT, device: str = "auto",
-                        dtype: str = "auto", **kwargs) -> "Engine":
+    def from_pretrained(
+        cls,
+        target: str = DEFAULT_MODEL,
+        draft: str | None = DEFAULT_DRAFT,
+        device: str = "auto",
+        dtype: str = "auto",
+        **kwargs,
+    ) -> Engine:
         """Load by name: the built-in default, a Hugging Face id or local directory, or a .gguf file."""
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
@@ -152,23 +168,47 @@ class Engine:
         draft_model = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
             draft_model, _ = load_model(draft, dev, dt)
-        return cls(model, draft_model, tokenizer, target_id=target,
-                   draft_id=draft if isinstance(draft, str) else None, **kwargs)
+        return cls(
+            model,
+            draft_model,
+            tokenizer,
+            target_id=target,
+            draft_id=draft if isinstance(draft, str) else None,
+            **kwargs,
+        )
 
     # ---------------------------------------------------------------- public API
 
-    def generate(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, k: int | None = None, stop: str | list[str] | None = None,
-                 speculative: bool = True) -> GenerationOutput:
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        k: int | None = None,
+        stop: str | list[str] | None = None,
+        speculative: bool = True,
+    ) -> GenerationOutput:
         """Generate for one prompt: token ids, a string, or chat messages. See `stream` for the rest."""
         for chunk in self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative):
             if chunk.output is not None:
                 return chunk.output
         raise AssertionError("decoding ended without an output")  # unreachable: the last chunk has one
 
-    def stream(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int | None = None, k: int | None = None, stop: str | list[str] | None = None,
-               speculative: bool = True) -> Iterator[Chunk]:
+    def stream(
+        self,
+        prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        k: int | None = None,
+        stop: str | list[str] | None = None,
+        speculative: bool = True,
+    ) -> Iterator[Chunk]:
         """Yield the tokens of each decoding step as it finishes; the last chunk holds the output.
 
         Input is checked here, before the first chunk is asked for: a bad request raises
@@ -196,13 +236,17 @@ class Engine:
         elif isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
             return self.encode_prompt(prompt.tolist())
         else:
-            raise InputError("prompt must be a list of token ids, a string, or a list of chat messages "
-                             "({'role': ..., 'content': ...})")
+            raise InputError(
+                "prompt must be a list of token ids, a string, or a list of chat messages "
+                "({'role': ..., 'content': ...})"
+            )
         if not ids:
             raise InputError("the prompt is empty")
         if self.max_context is not None and len(ids) >= self.max_context:
-            raise InputError(f"the prompt has {len(ids)} tokens, over the model's context of {self.max_context} "
-                             f"(at least one must remain for the output)")
+            raise InputError(
+                f"the prompt has {len(ids)} tokens, over the model's context of {self.max_context} "
+                f"(at least one must remain for the output)"
+            )
         return ids
 
     def decode(self, token_ids: list[int]) -> str | None:
@@ -274,18 +318,36 @@ class Engine:
             finish, keep = self._finish(req, out, len(ids))
             cut = len(out) - keep
             del out[keep:]
-            stats.add(StepStats(len(proposal.tokens), verdict.num_accepted, len(emitted) - cut,
-                                proposal.forwards, draft_s, verify_s))
-            self.policy.observe(len(proposal.tokens), verdict.num_accepted, draft_s, proposal.forwards, verify_s,
-                                catch_up=proposal.fed > 2)
+            stats.add(
+                StepStats(
+                    len(proposal.tokens), verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s
+                )
+            )
+            self.policy.observe(
+                len(proposal.tokens),
+                verdict.num_accepted,
+                draft_s,
+                proposal.forwards,
+                verify_s,
+                catch_up=proposal.fed > 2,
+            )
             if finish is None:
                 yield Chunk(emitted)
         trace.truncate(len(out))
         stats.wall_s = time.perf_counter() - started
         stats.adapter_version = self.adapter_version  # the version at the end, if a swap came mid-request
         topk_ids, topk_logprobs = trace.stacked(len(out))
-        output = GenerationOutput(out, _cut_at_stop(self.decode(out), req.stop), finish, stats,
-                                  list(req.prompt_ids), trace.proposed, trace.accepted, topk_ids, topk_logprobs)
+        output = GenerationOutput(
+            out,
+            _cut_at_stop(self.decode(out), req.stop),
+            finish,
+            stats,
+            list(req.prompt_ids),
+            trace.proposed,
+            trace.accepted,
+            topk_ids,
+            topk_logprobs,
+        )
         yield Chunk(emitted[: len(emitted) - cut], finish, output)
 
     # ---------------------------------------------------------------- the four verbs and their helpers
@@ -336,8 +398,12 @@ class Engine:
         started = self._clock()
         cache = kv.new_cache(self.target)
         if len(ids) > 1:
-            self.target(input_ids=torch.tensor([ids[:-1]], device=self.device), past_key_values=cache,
-                        use_cache=True, logits_to_keep=1)
+            self.target(
+                input_ids=torch.tensor([ids[:-1]], device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         if req.drafter is not None:
             req.drafter.reset(ids)
         self.policy.start_request()
@@ -396,7 +462,9 @@ class Engine:
         tokenizer = self._need_tokenizer("chat messages")
         for i, message in enumerate(messages):
             if message.get("role") not in CHAT_ROLES:
-                raise InputError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.get('role')!r}")
+                raise InputError(
+                    f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.get('role')!r}"
+                )
             if not isinstance(message.get("content"), str):
                 raise InputError(f"messages[{i}].content must be a string")
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -454,14 +522,17 @@ def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Draft
             return NgramDrafter(spec.max_ngram, device)
         if spec.kind == "early-exit":
             return ModelDrafter(build_early_exit(target, spec.layers), name=draft)
-        raise DraftSpecError(f"unknown draft spec {draft!r}: use early-exit:N, ngram, ngram:N, or a model "
-                             f"(Engine.from_pretrained loads a draft model by name)")
+        raise DraftSpecError(
+            f"unknown draft spec {draft!r}: use early-exit:N, ngram, ngram:N, or a model "
+            f"(Engine.from_pretrained loads a draft model by name)"
+        )
     if isinstance(draft, torch.nn.Module):
         draft_vocab = _vocab_size(draft)
         if draft_vocab != vocab_size:
             raise DraftSpecError(
                 f"the draft's vocabulary has {draft_vocab} tokens and the target's {vocab_size}; a separate "
-                f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)")
+                f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)"
+            )
         return ModelDrafter(draft.eval().requires_grad_(False), name=type(draft).__name__)
     if hasattr(draft, "propose"):
         return draft

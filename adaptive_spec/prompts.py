@@ -65,9 +65,15 @@ def _item(row, where: str) -> PromptItem:
     if isinstance(row.get("prompt"), str) and row["prompt"]:
         return PromptItem(row["prompt"], domain)
     messages = row.get("messages")
-    if isinstance(messages, list) and messages and all(
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
+            for m in messages
+        )
+    ):
         return PromptItem(messages, domain)
-    raise PromptFileError(f"{where}: expected a non-empty 'prompt' string or a 'messages' list of "
-                          f"{{'role': ..., 'content': ...}} objects")
+    raise PromptFileError(
+        f"{where}: expected a non-empty 'prompt' string or a 'messages' list of {{'role': ..., 'content': ...}} objects"
+    )

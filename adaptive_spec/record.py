@@ -219,7 +219,9 @@ class CorrectionRecord:
             raise ValueError(f"not a correction record: magic {magic!r}, want {MAGIC!r}")
         version = reader.take(1, "format version")[0]
         if version != FORMAT_VERSION:
-            raise ValueError(f"unsupported correction record format version {version} (this build reads {FORMAT_VERSION})")
+            raise ValueError(
+                f"unsupported correction record format version {version} (this build reads {FORMAT_VERSION})"
+            )
         reader.offset = 0
         _, _, flags, created_at, temperature, n_prompt, n_out, m = _HEADER.unpack(reader.take(_HEADER.size, "header"))
         if flags & ~_KNOWN_FLAGS:
@@ -341,14 +343,31 @@ def _utf8(raw: bytes, name: str) -> str:
         raise ValueError(f"correction record field {name} is not valid UTF-8") from error
 
 
-def record_from_output(output: Any, *, request_id: str, created_at: float, domain: str | None, target_id: str,
-                       draft_id: str, temperature: float) -> CorrectionRecord:
+def record_from_output(
+    output: Any,
+    *,
+    request_id: str,
+    created_at: float,
+    domain: str | None,
+    target_id: str,
+    draft_id: str,
+    temperature: float,
+) -> CorrectionRecord:
     """The correction record of a finished `GenerationOutput` (an engine built with record_topk > 0)."""
     if output.target_topk_ids is None:
         raise ValueError("this output carries no target top-m: build the Engine with record_topk > 0")
     return CorrectionRecord(
-        request_id=request_id, created_at=created_at, domain=domain, target_id=target_id, draft_id=draft_id,
-        adapter_version=output.stats.adapter_version, temperature=temperature,
-        prompt_ids=list(output.prompt_ids), output_ids=list(output.token_ids),
-        proposed=list(output.proposed), accepted=list(output.accepted),
-        target_topk_ids=output.target_topk_ids, target_topk_logprobs=output.target_topk_logprobs)
+        request_id=request_id,
+        created_at=created_at,
+        domain=domain,
+        target_id=target_id,
+        draft_id=draft_id,
+        adapter_version=output.stats.adapter_version,
+        temperature=temperature,
+        prompt_ids=list(output.prompt_ids),
+        output_ids=list(output.token_ids),
+        proposed=list(output.proposed),
+        accepted=list(output.accepted),
+        target_topk_ids=output.target_topk_ids,
+        target_topk_logprobs=output.target_topk_logprobs,
+    )

@@ -68,10 +68,18 @@ class RequestStats:
 
     def as_dict(self) -> dict:
         return {
-            "drafted": self.drafted, "accepted": self.accepted, "emitted": self.emitted,
-            "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
-            "mean_acceptance_length": self.mean_acceptance_length, "acceptance_rate": self.acceptance_rate,
-            "wall_s": self.wall_s, "prefill_s": self.prefill_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
-            "adapter_version": self.adapter_version, "accepted_per_pos": list(self.accepted_per_pos),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "wall_s": self.wall_s,
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "adapter_version": self.adapter_version,
+            "accepted_per_pos": list(self.accepted_per_pos),
             "drafted_per_pos": list(self.drafted_per_pos),
         }

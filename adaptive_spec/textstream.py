@@ -28,7 +28,7 @@ class IncrementalText:
         safe = len(text) - _holdback(text, self.stops)
         while safe > len(self.shown) and text[safe - 1] == "\ufffd":  # a character still incomplete
             safe -= 1
-        delta = text[len(self.shown):safe] if safe > len(self.shown) else ""
+        delta = text[len(self.shown) : safe] if safe > len(self.shown) else ""
         self.shown += delta
         return delta
 
@@ -36,7 +36,7 @@ class IncrementalText:
         """The rest of the output's final text (stop strings already cut by the engine)."""
         if not final_text or not final_text.startswith(self.shown):
             return ""
-        rest = final_text[len(self.shown):]
+        rest = final_text[len(self.shown) :]
         self.shown = final_text
         return rest
 

@@ -30,8 +30,8 @@ import json
 import random
 import string
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 SEED = 20240611
 DOMAIN_SIZE = 400
@@ -76,64 +76,207 @@ class Rng:
 # --------------------------------------------------------------------------- slot pools
 
 FIRST_NAMES = [
-    "Alice", "Bilal", "Chen", "Daniela", "Emeka", "Fatima", "Gustavo", "Hana", "Ivan",
-    "Julia", "Kwame", "Leila", "Mateo", "Nadia", "Oscar", "Priya", "Quentin", "Rosa",
-    "Sven", "Tamar", "Umar", "Valentina", "Wei", "Ximena", "Yusuf", "Zoe", "Arjun",
-    "Beatriz", "Connor", "Dmitri", "Elif", "Farah", "Georgia", "Hiroshi", "Ingrid", "Jonas",
+    "Alice",
+    "Bilal",
+    "Chen",
+    "Daniela",
+    "Emeka",
+    "Fatima",
+    "Gustavo",
+    "Hana",
+    "Ivan",
+    "Julia",
+    "Kwame",
+    "Leila",
+    "Mateo",
+    "Nadia",
+    "Oscar",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tamar",
+    "Umar",
+    "Valentina",
+    "Wei",
+    "Ximena",
+    "Yusuf",
+    "Zoe",
+    "Arjun",
+    "Beatriz",
+    "Connor",
+    "Dmitri",
+    "Elif",
+    "Farah",
+    "Georgia",
+    "Hiroshi",
+    "Ingrid",
+    "Jonas",
 ]
 LAST_NAMES = [
-    "Nguyen", "Okafor", "Schmidt", "Rossi", "Kowalski", "Haddad", "Tanaka", "Silva",
-    "Johansson", "Patel", "Moreau", "Garcia", "O'Brien", "Kim", "Novak", "Mensah",
-    "Fischer", "Lopez", "Andersen", "Ivanova", "Costa", "Yilmaz", "Murphy", "Chowdhury",
+    "Nguyen",
+    "Okafor",
+    "Schmidt",
+    "Rossi",
+    "Kowalski",
+    "Haddad",
+    "Tanaka",
+    "Silva",
+    "Johansson",
+    "Patel",
+    "Moreau",
+    "Garcia",
+    "O'Brien",
+    "Kim",
+    "Novak",
+    "Mensah",
+    "Fischer",
+    "Lopez",
+    "Andersen",
+    "Ivanova",
+    "Costa",
+    "Yilmaz",
+    "Murphy",
+    "Chowdhury",
 ]
 CITIES = [
-    "Lisbon", "Toronto", "Nairobi", "Osaka", "Denver", "Krakow", "Melbourne", "Bogota",
-    "Edinburgh", "Seoul", "Austin", "Marseille", "Cape Town", "Vancouver", "Istanbul",
-    "Lyon", "Portland", "Valencia", "Hamburg", "Chicago", "Dublin", "Porto", "Helsinki",
-    "Montreal", "Mumbai", "Oslo", "Kyoto", "Buenos Aires",
+    "Lisbon",
+    "Toronto",
+    "Nairobi",
+    "Osaka",
+    "Denver",
+    "Krakow",
+    "Melbourne",
+    "Bogota",
+    "Edinburgh",
+    "Seoul",
+    "Austin",
+    "Marseille",
+    "Cape Town",
+    "Vancouver",
+    "Istanbul",
+    "Lyon",
+    "Portland",
+    "Valencia",
+    "Hamburg",
+    "Chicago",
+    "Dublin",
+    "Porto",
+    "Helsinki",
+    "Montreal",
+    "Mumbai",
+    "Oslo",
+    "Kyoto",
+    "Buenos Aires",
 ]
 COMPANIES = [
-    "Brightwave Labs", "Northwind Traders", "Bluefin Analytics", "Cedar & Stone",
-    "Orbital Foods", "Pinecrest Health", "Quartz Logistics", "Redleaf Studio",
-    "Silverline Bank", "Tidewater Energy", "Upland Software", "Verdant Gardens",
-    "Helix Robotics", "Lumen Optics", "Kestrel Airlines", "Juniper Books",
+    "Brightwave Labs",
+    "Northwind Traders",
+    "Bluefin Analytics",
+    "Cedar & Stone",
+    "Orbital Foods",
+    "Pinecrest Health",
+    "Quartz Logistics",
+    "Redleaf Studio",
+    "Silverline Bank",
+    "Tidewater Energy",
+    "Upland Software",
+    "Verdant Gardens",
+    "Helix Robotics",
+    "Lumen Optics",
+    "Kestrel Airlines",
+    "Juniper Books",
 ]
 PRODUCTS = [
-    ("wireless mouse", 24.99), ("mechanical keyboard", 89.00), ("USB-C hub", 39.50),
-    ("27-inch monitor", 219.00), ("noise-cancelling headphones", 149.99),
-    ("standing desk mat", 45.00), ("ceramic coffee mug", 12.50), ("yoga mat", 29.95),
-    ("stainless water bottle", 18.00), ("LED desk lamp", 34.75), ("hiking backpack", 79.90),
-    ("bluetooth speaker", 59.00), ("cast iron skillet", 42.00), ("running shoes", 110.00),
-    ("phone case", 15.99), ("laptop stand", 49.00), ("electric kettle", 38.25),
-    ("wool scarf", 27.00), ("board game", 34.99), ("smartwatch band", 19.50),
+    ("wireless mouse", 24.99),
+    ("mechanical keyboard", 89.00),
+    ("USB-C hub", 39.50),
+    ("27-inch monitor", 219.00),
+    ("noise-cancelling headphones", 149.99),
+    ("standing desk mat", 45.00),
+    ("ceramic coffee mug", 12.50),
+    ("yoga mat", 29.95),
+    ("stainless water bottle", 18.00),
+    ("LED desk lamp", 34.75),
+    ("hiking backpack", 79.90),
+    ("bluetooth speaker", 59.00),
+    ("cast iron skillet", 42.00),
+    ("running shoes", 110.00),
+    ("phone case", 15.99),
+    ("laptop stand", 49.00),
+    ("electric kettle", 38.25),
+    ("wool scarf", 27.00),
+    ("board game", 34.99),
+    ("smartwatch band", 19.50),
 ]
 JOB_TITLES = [
-    "Data Analyst", "Backend Engineer", "Product Designer", "Marketing Coordinator",
-    "Registered Nurse", "Warehouse Supervisor", "Customer Success Manager",
-    "Junior Accountant", "DevOps Engineer", "Content Writer", "Lab Technician",
-    "Sales Associate", "Machine Learning Engineer", "Office Manager",
+    "Data Analyst",
+    "Backend Engineer",
+    "Product Designer",
+    "Marketing Coordinator",
+    "Registered Nurse",
+    "Warehouse Supervisor",
+    "Customer Success Manager",
+    "Junior Accountant",
+    "DevOps Engineer",
+    "Content Writer",
+    "Lab Technician",
+    "Sales Associate",
+    "Machine Learning Engineer",
+    "Office Manager",
 ]
 EVENT_NAMES = [
-    "Spring Food Festival", "Community Cleanup Day", "Jazz in the Park",
-    "Startup Pitch Night", "Charity 5K Run", "Open-Source Hackathon", "Book Swap Meetup",
-    "Farmers Market Opening", "Photography Workshop", "Board Game Marathon",
-    "Winter Craft Fair", "Outdoor Movie Night", "Coding Bootcamp Info Session",
+    "Spring Food Festival",
+    "Community Cleanup Day",
+    "Jazz in the Park",
+    "Startup Pitch Night",
+    "Charity 5K Run",
+    "Open-Source Hackathon",
+    "Book Swap Meetup",
+    "Farmers Market Opening",
+    "Photography Workshop",
+    "Board Game Marathon",
+    "Winter Craft Fair",
+    "Outdoor Movie Night",
+    "Coding Bootcamp Info Session",
 ]
 VENUES = [
-    "the Central Library", "Riverside Park", "the Town Hall", "Pier 7",
-    "the Old Brewery", "Greenfield Community Center", "the University Auditorium",
-    "Harbor Hall", "the Botanical Garden",
+    "the Central Library",
+    "Riverside Park",
+    "the Town Hall",
+    "Pier 7",
+    "the Old Brewery",
+    "Greenfield Community Center",
+    "the University Auditorium",
+    "Harbor Hall",
+    "the Botanical Garden",
 ]
 MONTHS = [
-    "January", "February", "March", "April", "May", "June", "July", "August",
-    "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 EMAIL_DOMAINS = ["example.com", "mail.example.org", "example.net", "corp.example.com"]
 CARRIERS = ["DHL", "UPS", "FedEx", "Royal Mail", "PostNL", "Canada Post"]
 HOTELS = [
-    "Hotel Aurora", "The Grand Harbour", "Parkside Inn", "Casa Verde", "The Lantern Hotel",
-    "Blue Door Suites", "Hotel Miramar", "The Foundry Lodge",
+    "Hotel Aurora",
+    "The Grand Harbour",
+    "Parkside Inn",
+    "Casa Verde",
+    "The Lantern Hotel",
+    "Blue Door Suites",
+    "Hotel Miramar",
+    "The Foundry Lodge",
 ]
 ROOM_TYPES = ["single room", "double room", "twin room", "junior suite", "family room"]
 
@@ -206,20 +349,23 @@ CHAT_PROMPTS = [
 
 # --------------------------------------------------------------------------- json_extraction
 
+
 def _json_order(rng: Rng):
     first, last = _person(rng)
     product, price = rng.choice(PRODUCTS)
     qty = rng.randint(1, 9)
     order_id = f"{rng.choice(['A', 'B', 'K', 'T', 'X'])}{rng.randint(10000, 99999)}"
     date, city = _date(rng), rng.choice(CITIES)
-    text = rng.choice([
-        f"Order #{order_id} was placed by {first} {last} on {date}: {qty} x {product} "
-        f"at ${price:.2f} each, to be shipped to {city}.",
-        f"Hi, this is {first} {last}. I'd like to confirm my order {order_id} from {date} "
-        f"for {qty} x {product}, ${price:.2f} per unit. Please deliver to my address in {city}.",
-        f"New order received. Customer: {first} {last}. Item: {product}. Quantity: {qty}. "
-        f"Unit price: ${price:.2f}. Ship to: {city}. Order number: {order_id}. Date: {date}.",
-    ])
+    text = rng.choice(
+        [
+            f"Order #{order_id} was placed by {first} {last} on {date}: {qty} x {product} "
+            f"at ${price:.2f} each, to be shipped to {city}.",
+            f"Hi, this is {first} {last}. I'd like to confirm my order {order_id} from {date} "
+            f"for {qty} x {product}, ${price:.2f} per unit. Please deliver to my address in {city}.",
+            f"New order received. Customer: {first} {last}. Item: {product}. Quantity: {qty}. "
+            f"Unit price: ${price:.2f}. Ship to: {city}. Order number: {order_id}. Date: {date}.",
+        ]
+    )
     fields = ["order_id", "customer_name", "product", "quantity", "unit_price", "city", "order_date"]
     return "order confirmation", text, fields
 
@@ -228,12 +374,14 @@ def _json_contact(rng: Rng):
     first, last = _person(rng)
     title, company = rng.choice(JOB_TITLES), rng.choice(COMPANIES)
     email, phone, city = _email(first, last, rng), _phone(rng), rng.choice(CITIES)
-    text = rng.choice([
-        f"{first} {last}\n{title}, {company}\n{city}\nEmail: {email}\nPhone: {phone}",
-        f"Nice meeting you at the conference! I'm {first} {last}, {title} at {company} in "
-        f"{city}. You can reach me at {email} or call {phone}.",
-        f"Contact: {last}, {first} | {company} ({city}) | role: {title} | {phone} | {email}",
-    ])
+    text = rng.choice(
+        [
+            f"{first} {last}\n{title}, {company}\n{city}\nEmail: {email}\nPhone: {phone}",
+            f"Nice meeting you at the conference! I'm {first} {last}, {title} at {company} in "
+            f"{city}. You can reach me at {email} or call {phone}.",
+            f"Contact: {last}, {first} | {company} ({city}) | role: {title} | {phone} | {email}",
+        ]
+    )
     fields = ["first_name", "last_name", "job_title", "company", "city", "email", "phone"]
     return "contact card", text, fields
 
@@ -244,14 +392,16 @@ def _json_event(rng: Rng):
     price = "free" if rng.chance(0.3) else f"${rng.randint(5, 60)}"
     first, last = _person(rng)
     capacity = rng.choice([40, 60, 80, 100, 150, 200, 250, 500])
-    text = rng.choice([
-        f"Join us for the {event} at {venue}, {city}, on {date} starting at {start}. "
-        f"Tickets: {price}. Only {capacity} spots available. Organized by {first} {last}.",
-        f"ANNOUNCEMENT: {event}\nWhere: {venue}, {city}\nWhen: {date}, {start}\n"
-        f"Entry: {price}\nCapacity: {capacity} people\nQuestions? Ask {first} {last}.",
-        f"{first} {last} is hosting the {event} this year! It takes place on {date} at {start} "
-        f"in {venue} ({city}). Admission is {price} and there is room for {capacity} guests.",
-    ])
+    text = rng.choice(
+        [
+            f"Join us for the {event} at {venue}, {city}, on {date} starting at {start}. "
+            f"Tickets: {price}. Only {capacity} spots available. Organized by {first} {last}.",
+            f"ANNOUNCEMENT: {event}\nWhere: {venue}, {city}\nWhen: {date}, {start}\n"
+            f"Entry: {price}\nCapacity: {capacity} people\nQuestions? Ask {first} {last}.",
+            f"{first} {last} is hosting the {event} this year! It takes place on {date} at {start} "
+            f"in {venue} ({city}). Admission is {price} and there is room for {capacity} guests.",
+        ]
+    )
     fields = ["event_name", "venue", "city", "date", "start_time", "ticket_price", "capacity", "organizer"]
     return "event notice", text, fields
 
@@ -263,17 +413,27 @@ def _json_job(rng: Rng):
     years = rng.randint(0, 8)
     mode = rng.choice(["remote", "hybrid", "on-site"])
     deadline = _date(rng)
-    text = rng.choice([
-        f"{company} is hiring a {title} in {city} ({mode}). Salary range ${lo:,}-${hi:,} per "
-        f"year. At least {years} years of experience required. Apply by {deadline}.",
-        f"JOB OPENING - {title}\nCompany: {company}\nLocation: {city}, {mode}\n"
-        f"Pay: ${lo:,} to ${hi:,}\nExperience: {years}+ years\nDeadline: {deadline}",
-        f"We're looking for a {title} to join our team at {company}! This {mode} role is based "
-        f"in {city} and pays between ${lo:,} and ${hi:,}. You should have {years}+ years of "
-        f"experience. Applications close {deadline}.",
-    ])
-    fields = ["job_title", "company", "city", "work_mode", "salary_min", "salary_max",
-              "years_experience", "application_deadline"]
+    text = rng.choice(
+        [
+            f"{company} is hiring a {title} in {city} ({mode}). Salary range ${lo:,}-${hi:,} per "
+            f"year. At least {years} years of experience required. Apply by {deadline}.",
+            f"JOB OPENING - {title}\nCompany: {company}\nLocation: {city}, {mode}\n"
+            f"Pay: ${lo:,} to ${hi:,}\nExperience: {years}+ years\nDeadline: {deadline}",
+            f"We're looking for a {title} to join our team at {company}! This {mode} role is based "
+            f"in {city} and pays between ${lo:,} and ${hi:,}. You should have {years}+ years of "
+            f"experience. Applications close {deadline}.",
+        ]
+    )
+    fields = [
+        "job_title",
+        "company",
+        "city",
+        "work_mode",
+        "salary_min",
+        "salary_max",
+        "years_experience",
+        "application_deadline",
+    ]
     return "job ad", text, fields
 
 
@@ -283,14 +443,25 @@ def _json_hotel(rng: Rng):
     nights, guests = rng.randint(1, 10), rng.randint(1, 4)
     checkin, rate = _date(rng), _money(rng, 60, 390)
     conf = f"HB-{rng.randint(100000, 999999)}"
-    text = rng.choice([
-        f"Dear {first} {last}, your booking {conf} at {hotel}, {city} is confirmed: {room} for "
-        f"{guests} guest(s), {nights} night(s) from {checkin}, at ${rate} per night.",
-        f"Reservation {conf}\nGuest: {first} {last}\nHotel: {hotel} ({city})\nCheck-in: {checkin}\n"
-        f"Nights: {nights}\nRoom: {room}\nGuests: {guests}\nRate: ${rate}/night",
-    ])
-    fields = ["confirmation_number", "guest_name", "hotel", "city", "check_in", "nights",
-              "room_type", "guests", "nightly_rate"]
+    text = rng.choice(
+        [
+            f"Dear {first} {last}, your booking {conf} at {hotel}, {city} is confirmed: {room} for "
+            f"{guests} guest(s), {nights} night(s) from {checkin}, at ${rate} per night.",
+            f"Reservation {conf}\nGuest: {first} {last}\nHotel: {hotel} ({city})\nCheck-in: {checkin}\n"
+            f"Nights: {nights}\nRoom: {room}\nGuests: {guests}\nRate: ${rate}/night",
+        ]
+    )
+    fields = [
+        "confirmation_number",
+        "guest_name",
+        "hotel",
+        "city",
+        "check_in",
+        "nights",
+        "room_type",
+        "guests",
+        "nightly_rate",
+    ]
     return "hotel booking", text, fields
 
 
@@ -301,14 +472,15 @@ def _json_shipment(rng: Rng):
     weight = f"{rng.randint(1, 25)}.{rng.randint(0, 9)}"
     date = _date(rng)
     status = rng.choice(["in transit", "out for delivery", "delayed", "delivered", "at the depot"])
-    text = rng.choice([
-        f"Your {carrier} parcel {tracking} for {first} {last} ({weight} kg) is {status}. "
-        f"Destination: {city}. Expected delivery: {date}.",
-        f"Shipment update - carrier: {carrier}; tracking no. {tracking}; recipient {first} {last}, "
-        f"{city}; weight {weight} kg; status: {status}; estimated arrival {date}.",
-    ])
-    fields = ["carrier", "tracking_number", "recipient", "weight_kg", "status", "destination_city",
-              "expected_delivery"]
+    text = rng.choice(
+        [
+            f"Your {carrier} parcel {tracking} for {first} {last} ({weight} kg) is {status}. "
+            f"Destination: {city}. Expected delivery: {date}.",
+            f"Shipment update - carrier: {carrier}; tracking no. {tracking}; recipient {first} {last}, "
+            f"{city}; weight {weight} kg; status: {status}; estimated arrival {date}.",
+        ]
+    )
+    fields = ["carrier", "tracking_number", "recipient", "weight_kg", "status", "destination_city", "expected_delivery"]
     return "shipping notification", text, fields
 
 
@@ -317,15 +489,16 @@ def _json_review(rng: Rng):
     product, _ = rng.choice(PRODUCTS)
     stars = rng.randint(1, 5)
     good = rng.choice(["sturdy", "easy to set up", "great value", "looks nice", "fast shipping"])
-    bad = rng.choice(["a bit loud", "the manual is confusing", "runs small", "scratches easily",
-                      "the color is off"])
+    bad = rng.choice(["a bit loud", "the manual is confusing", "runs small", "scratches easily", "the color is off"])
     days = rng.randint(2, 120)
-    text = rng.choice([
-        f"{stars}/5 stars from {first} {last[0]}. \"I've used this {product} for {days} days. "
-        f"It's {good}, but {bad}.\" Would recommend: {'yes' if stars >= 3 else 'no'}.",
-        f"Review by {first} {last[0]}. ({stars} stars): Bought the {product} {days} days ago. Pros: "
-        f"{good}. Cons: {bad}. {'I would buy it again.' if stars >= 3 else 'Not buying again.'}",
-    ])
+    text = rng.choice(
+        [
+            f"{stars}/5 stars from {first} {last[0]}. \"I've used this {product} for {days} days. "
+            f"It's {good}, but {bad}.\" Would recommend: {'yes' if stars >= 3 else 'no'}.",
+            f"Review by {first} {last[0]}. ({stars} stars): Bought the {product} {days} days ago. Pros: "
+            f"{good}. Cons: {bad}. {'I would buy it again.' if stars >= 3 else 'Not buying again.'}",
+        ]
+    )
     fields = ["reviewer", "product", "rating", "days_used", "pros", "cons", "recommends"]
     return "product review", text, fields
 
@@ -336,29 +509,46 @@ def _json_invoice(rng: Rng):
     amount, tax = _money(rng, 150, 9800), rng.choice([0, 5, 7, 10, 19, 20, 21])
     issued, due = _date(rng), rng.choice([14, 30, 45, 60])
     currency = rng.choice(["USD", "EUR", "GBP", "CAD"])
-    text = rng.choice([
-        f"Invoice {number} from {company} to {client}, issued {issued}. Amount: {amount} "
-        f"{currency} plus {tax}% tax. Payment due within {due} days.",
-        f"{company}\nINVOICE {number}\nBill to: {client}\nDate: {issued}\nSubtotal: {currency} "
-        f"{amount}\nTax rate: {tax}%\nTerms: net {due}",
-    ])
-    fields = ["invoice_number", "vendor", "client", "issue_date", "subtotal", "currency",
-              "tax_rate_percent", "payment_terms_days"]
+    text = rng.choice(
+        [
+            f"Invoice {number} from {company} to {client}, issued {issued}. Amount: {amount} "
+            f"{currency} plus {tax}% tax. Payment due within {due} days.",
+            f"{company}\nINVOICE {number}\nBill to: {client}\nDate: {issued}\nSubtotal: {currency} "
+            f"{amount}\nTax rate: {tax}%\nTerms: net {due}",
+        ]
+    )
+    fields = [
+        "invoice_number",
+        "vendor",
+        "client",
+        "issue_date",
+        "subtotal",
+        "currency",
+        "tax_rate_percent",
+        "payment_terms_days",
+    ]
     return "invoice", text, fields
 
 
-JSON_KINDS = [_json_order, _json_contact, _json_event, _json_job, _json_hotel,
-              _json_shipment, _json_review, _json_invoice]
+JSON_KINDS = [
+    _json_order,
+    _json_contact,
+    _json_event,
+    _json_job,
+    _json_hotel,
+    _json_shipment,
+    _json_review,
+    _json_invoice,
+]
 
 JSON_FRAMES = [
     "Extract the following fields from the text below and return them as a JSON object: "
     "{fields}.\n\nText: {text}\n\nAnswer with only the JSON object.",
     "Read this {label} and output a JSON object with the keys {fields}. Respond with JSON "
     "only, no explanation.\n\n{text}",
-    "{text}\n\nConvert the information above into JSON with exactly these keys: {fields}. "
-    "Output only the JSON.",
+    "{text}\n\nConvert the information above into JSON with exactly these keys: {fields}. Output only the JSON.",
     "From the following {label}, extract {fields} as a JSON object. Use numbers for numeric "
-    "values. Reply with only the JSON.\n\n\"\"\"\n{text}\n\"\"\"",
+    'values. Reply with only the JSON.\n\n"""\n{text}\n"""',
     "Return a JSON object with the fields {fields} filled in from this {label}. Use null for "
     "anything missing. Do not add any other text.\n\n{text}",
 ]
@@ -379,8 +569,7 @@ def _json_prompt(index: int, rng: Rng) -> str:
 SQL_SCHEMAS = [
     (
         ["employees", "staff"],
-        ["id INTEGER PRIMARY KEY", "name TEXT", "department TEXT", "salary INTEGER",
-         "hire_date DATE", "city TEXT"],
+        ["id INTEGER PRIMARY KEY", "name TEXT", "department TEXT", "salary INTEGER", "hire_date DATE", "city TEXT"],
         [
             "List the names of employees in the {dept} department earning more than {salary}.",
             "What is the average salary per department for employees based in {city}?",
@@ -392,8 +581,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["orders", "purchases"],
-        ["order_id INTEGER PRIMARY KEY", "customer_name TEXT", "product TEXT",
-         "quantity INTEGER", "unit_price REAL", "order_date DATE"],
+        [
+            "order_id INTEGER PRIMARY KEY",
+            "customer_name TEXT",
+            "product TEXT",
+            "quantity INTEGER",
+            "unit_price REAL",
+            "order_date DATE",
+        ],
         [
             "What is the total revenue (quantity times unit_price) for orders of '{product}'?",
             "List all orders placed by {full_name}, newest first.",
@@ -405,8 +600,7 @@ SQL_SCHEMAS = [
     ),
     (
         ["products", "inventory"],
-        ["sku TEXT PRIMARY KEY", "name TEXT", "category TEXT", "price REAL",
-         "stock INTEGER", "supplier TEXT"],
+        ["sku TEXT PRIMARY KEY", "name TEXT", "category TEXT", "price REAL", "stock INTEGER", "supplier TEXT"],
         [
             "List products in the {category} category that cost less than {price}.",
             "Which products have fewer than {n} items in stock?",
@@ -418,8 +612,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["students", "pupils"],
-        ["student_id INTEGER PRIMARY KEY", "name TEXT", "grade_level INTEGER",
-         "gpa REAL", "enrolled_on DATE", "hometown TEXT"],
+        [
+            "student_id INTEGER PRIMARY KEY",
+            "name TEXT",
+            "grade_level INTEGER",
+            "gpa REAL",
+            "enrolled_on DATE",
+            "hometown TEXT",
+        ],
         [
             "List the names of students in grade {grade} with a GPA above {gpa}.",
             "What is the average GPA for each grade level?",
@@ -431,8 +631,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["books", "library_books"],
-        ["isbn TEXT PRIMARY KEY", "title TEXT", "author TEXT", "genre TEXT",
-         "published_year INTEGER", "copies_available INTEGER"],
+        [
+            "isbn TEXT PRIMARY KEY",
+            "title TEXT",
+            "author TEXT",
+            "genre TEXT",
+            "published_year INTEGER",
+            "copies_available INTEGER",
+        ],
         [
             "List all {genre} books published after {year}.",
             "Which author has written the most books in the table?",
@@ -444,8 +650,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["flights", "departures"],
-        ["flight_no TEXT PRIMARY KEY", "origin TEXT", "destination TEXT",
-         "departure_time TIMESTAMP", "seats_sold INTEGER", "capacity INTEGER"],
+        [
+            "flight_no TEXT PRIMARY KEY",
+            "origin TEXT",
+            "destination TEXT",
+            "departure_time TIMESTAMP",
+            "seats_sold INTEGER",
+            "capacity INTEGER",
+        ],
         [
             "List all flights from {city} to {city2}.",
             "Which flights are more than {pct}% full?",
@@ -457,8 +669,7 @@ SQL_SCHEMAS = [
     ),
     (
         ["patients", "appointments"],
-        ["id INTEGER PRIMARY KEY", "patient_name TEXT", "doctor TEXT",
-         "visit_date DATE", "reason TEXT", "fee REAL"],
+        ["id INTEGER PRIMARY KEY", "patient_name TEXT", "doctor TEXT", "visit_date DATE", "reason TEXT", "fee REAL"],
         [
             "How many visits did Dr. {last_name} have in {year}?",
             "List patients who visited for '{reason}' after {iso_date}.",
@@ -470,8 +681,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["movies", "films"],
-        ["movie_id INTEGER PRIMARY KEY", "title TEXT", "director TEXT", "release_year INTEGER",
-         "rating REAL", "box_office INTEGER"],
+        [
+            "movie_id INTEGER PRIMARY KEY",
+            "title TEXT",
+            "director TEXT",
+            "release_year INTEGER",
+            "rating REAL",
+            "box_office INTEGER",
+        ],
         [
             "List movies released in {year} with a rating of at least {rating}.",
             "Which director has the highest average rating?",
@@ -483,8 +700,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["rentals", "bike_rentals"],
-        ["rental_id INTEGER PRIMARY KEY", "member_id INTEGER", "station TEXT",
-         "start_time TIMESTAMP", "minutes INTEGER", "price REAL"],
+        [
+            "rental_id INTEGER PRIMARY KEY",
+            "member_id INTEGER",
+            "station TEXT",
+            "start_time TIMESTAMP",
+            "minutes INTEGER",
+            "price REAL",
+        ],
         [
             "What is the average rental duration in minutes at the {station} station?",
             "Which {n} stations have the most rentals?",
@@ -496,8 +719,14 @@ SQL_SCHEMAS = [
     ),
     (
         ["sensor_readings", "measurements"],
-        ["reading_id INTEGER PRIMARY KEY", "sensor_id TEXT", "location TEXT",
-         "recorded_at TIMESTAMP", "temperature REAL", "humidity REAL"],
+        [
+            "reading_id INTEGER PRIMARY KEY",
+            "sensor_id TEXT",
+            "location TEXT",
+            "recorded_at TIMESTAMP",
+            "temperature REAL",
+            "humidity REAL",
+        ],
         [
             "What is the average temperature per location?",
             "List readings from {city} where the temperature exceeded {temp} degrees.",
@@ -577,13 +806,21 @@ def _sql_prompt(index: int, rng: Rng) -> str:
 # (function name, parameters, behaviour); behaviours may contain slots from PY_SLOTS.
 PY_SPECS = [
     ("count_vowels", "text", "counts how many vowels appear in a string, ignoring case"),
-    ("is_palindrome", "text", "returns True if a string reads the same forwards and backwards, ignoring spaces and case"),
+    (
+        "is_palindrome",
+        "text",
+        "returns True if a string reads the same forwards and backwards, ignoring spaces and case",
+    ),
     ("sum_divisible", "numbers", "returns the sum of the integers in a list that are divisible by {k}"),
     ("filter_above", "values", "returns a new list with only the numbers greater than {threshold}"),
     ("celsius_to_fahrenheit", "celsius", "converts a temperature from Celsius to Fahrenheit, rounded to {places}"),
     ("fahrenheit_to_celsius", "fahrenheit", "converts a temperature from Fahrenheit to Celsius, rounded to {places}"),
     ("km_to_miles", "km", "converts a distance in kilometres to miles, rounded to {places}"),
-    ("chunk_list", "items, size", "splits a list into consecutive chunks of length size (the last chunk may be shorter)"),
+    (
+        "chunk_list",
+        "items, size",
+        "splits a list into consecutive chunks of length size (the last chunk may be shorter)",
+    ),
     ("word_frequencies", "text", "returns a dictionary mapping each lowercase word in a string to how often it occurs"),
     ("fibonacci", "n", "returns a list of the first n Fibonacci numbers"),
     ("factorial", "n", "returns n! computed iteratively, raising ValueError for negative n"),
@@ -594,7 +831,11 @@ PY_SPECS = [
     ("remove_duplicates", "items", "removes duplicates from a list while keeping the original order"),
     ("flatten", "nested", "flattens a list of lists into a single list"),
     ("max_gap", "numbers", "returns the largest difference between two consecutive numbers in a list"),
-    ("moving_average", "values, window", "returns the moving averages of a list of numbers over a window of the given size"),
+    (
+        "moving_average",
+        "values, window",
+        "returns the moving averages of a list of numbers over a window of the given size",
+    ),
     ("clamp", "value, low, high", "limits a number to the range between low and high"),
     ("merge_dicts", "first, second", "merges two dictionaries, with values from second winning on conflicts"),
     ("invert_dict", "mapping", "swaps the keys and values of a dictionary"),
@@ -608,7 +849,11 @@ PY_SPECS = [
     ("running_total", "numbers", "returns a list of running totals of the input numbers"),
     ("apply_discount", "price", "returns the price after a {percent}% discount, rounded to 2 decimal places"),
     ("add_tax", "amount", "returns the amount plus {percent}% sales tax, rounded to 2 decimal places"),
-    ("is_valid_email", "address", "does a simple check that a string looks like an email address (one '@' and a dot after it)"),
+    (
+        "is_valid_email",
+        "address",
+        "does a simple check that a string looks like an email address (one '@' and a dot after it)",
+    ),
     ("normalize_whitespace", "text", "collapses runs of whitespace in a string into single spaces and strips the ends"),
     ("char_histogram", "text", "returns a dictionary counting each character in a string, ignoring spaces"),
     ("gcd", "a, b", "returns the greatest common divisor of two positive integers using Euclid's algorithm"),
@@ -619,7 +864,11 @@ PY_SPECS = [
     ("every_nth", "items", "returns every {k}th element of a list, starting with the first"),
     ("count_longer_than", "words", "counts how many strings in a list are longer than {length} characters"),
     ("seconds_to_hms", "seconds", "converts a number of seconds into an 'H:MM:SS' string"),
-    ("grade_letter", "score", "maps a score from 0 to 100 to a letter grade A-F, with {cutoff} as the lowest passing score"),
+    (
+        "grade_letter",
+        "score",
+        "maps a score from 0 to 100 to a letter grade A-F, with {cutoff} as the lowest passing score",
+    ),
     ("group_by_length", "words", "groups a list of words into a dictionary keyed by word length"),
     ("title_case_names", "names", "returns a list of names with each name in title case, sorted alphabetically"),
     ("safe_divide", "a, b", "divides a by b and returns {fallback} instead of raising when b is zero"),
@@ -627,7 +876,11 @@ PY_SPECS = [
     ("split_csv_line", "line", "splits a line of comma-separated values into a list of stripped strings"),
     ("count_in_range", "numbers", "counts how many numbers in a list lie between {low} and {high} inclusive"),
     ("bmi", "weight_kg, height_m", "computes the body mass index from weight and height, rounded to {places}"),
-    ("compound_interest", "principal, rate, years", "returns the balance after compounding annual interest, rounded to 2 decimal places"),
+    (
+        "compound_interest",
+        "principal, rate, years",
+        "returns the balance after compounding annual interest, rounded to 2 decimal places",
+    ),
     ("initials", "full_name", "returns the uppercase initials of a full name, such as 'A.B.' for '{sample_name}'"),
 ]
 
@@ -657,8 +910,12 @@ PY_FRAMES = [
     "and return only the code.",
 ]
 PY_EXTRAS = [
-    "", "", " Use type hints.", " Do not import any modules.",
-    " Put one usage example in the docstring.", " Keep it under 15 lines.",
+    "",
+    "",
+    " Use type hints.",
+    " Do not import any modules.",
+    " Put one usage example in the docstring.",
+    " Keep it under 15 lines.",
     " Use type hints and avoid external libraries.",
 ]
 
@@ -707,74 +964,193 @@ CASUAL_SLOTS: dict[str, Callable[[Rng], str]] = {
     "city": lambda r: r.choice(CITIES),
     "days": lambda r: str(r.randint(2, 14)),
     "month": lambda r: r.choice(MONTHS),
-    "relation": lambda r: r.choice(["sister", "brother", "best friend", "dad", "mom", "cousin",
-                                    "grandma", "coworker", "partner", "uncle"]),
+    "relation": lambda r: r.choice(
+        ["sister", "brother", "best friend", "dad", "mom", "cousin", "grandma", "coworker", "partner", "uncle"]
+    ),
     "name": lambda r: r.choice(FIRST_NAMES),
-    "hobby": lambda r: r.choice(["baking", "rock climbing", "photography", "gardening", "chess",
-                                 "knitting", "birdwatching", "cycling", "pottery", "painting",
-                                 "astronomy", "running", "board games", "journaling"]),
+    "hobby": lambda r: r.choice(
+        [
+            "baking",
+            "rock climbing",
+            "photography",
+            "gardening",
+            "chess",
+            "knitting",
+            "birdwatching",
+            "cycling",
+            "pottery",
+            "painting",
+            "astronomy",
+            "running",
+            "board games",
+            "journaling",
+        ]
+    ),
     "budget": lambda r: str(r.choice([20, 25, 30, 40, 50, 75, 100, 150, 300, 500, 800, 1200])),
     # with its article: "a 2-year-old", "an 8-year-old", "an 11-year-old"
     "pet_age": lambda r: (lambda n: ("an " if n in (8, 11) else "a ") + str(n))(r.randint(1, 12)),
-    "pet": lambda r: r.choice(["cat", "dog", "rabbit", "parrot", "guinea pig", "beagle",
-                               "tabby cat", "golden retriever", "hamster"]),
-    "pet_name": lambda r: r.choice(["Biscuit", "Luna", "Pepper", "Milo", "Nala", "Mochi", "Rocky",
-                                    "Olive", "Ziggy", "Pumpkin", "Scout", "Hazel"]),
+    "pet": lambda r: r.choice(
+        ["cat", "dog", "rabbit", "parrot", "guinea pig", "beagle", "tabby cat", "golden retriever", "hamster"]
+    ),
+    "pet_name": lambda r: r.choice(
+        ["Biscuit", "Luna", "Pepper", "Milo", "Nala", "Mochi", "Rocky", "Olive", "Ziggy", "Pumpkin", "Scout", "Hazel"]
+    ),
     "minutes": lambda r: str(r.choice([10, 15, 20, 30, 45])),
     "meal": lambda r: r.choice(["dinner", "lunch", "breakfast", "snack", "dessert"]),
-    "ingredient": lambda r: r.choice(["rice", "eggs", "spinach", "chickpeas", "pasta", "tomatoes",
-                                      "potatoes", "cheese", "chicken", "tofu", "bell peppers",
-                                      "mushrooms", "oats", "bananas", "lentils", "onions"]),
+    "ingredient": lambda r: r.choice(
+        [
+            "rice",
+            "eggs",
+            "spinach",
+            "chickpeas",
+            "pasta",
+            "tomatoes",
+            "potatoes",
+            "cheese",
+            "chicken",
+            "tofu",
+            "bell peppers",
+            "mushrooms",
+            "oats",
+            "bananas",
+            "lentils",
+            "onions",
+        ]
+    ),
     "ingredient2": lambda r: CASUAL_SLOTS["ingredient"](r),
     "ingredient3": lambda r: CASUAL_SLOTS["ingredient"](r),
-    "company": lambda r: r.choice(["a small startup", "a big bank", "a bakery", "a hospital",
-                                   "a school", "a tech company", "a bookstore", "a museum",
-                                   "a law firm", "a design agency"]),
+    "company": lambda r: r.choice(
+        [
+            "a small startup",
+            "a big bank",
+            "a bakery",
+            "a hospital",
+            "a school",
+            "a tech company",
+            "a bookstore",
+            "a museum",
+            "a law firm",
+            "a design agency",
+        ]
+    ),
     "weekday": lambda r: r.choice(WEEKDAYS),
-    "debate": lambda r: r.choice(["pineapple belongs on pizza", "cats are better than dogs",
-                                  "it's better to be early or on time",
-                                  "books are better than their movies",
-                                  "breakfast is the most important meal",
-                                  "summer beats winter", "you should make your bed every day",
-                                  "hot dogs count as sandwiches"]),
-    "book_genre": lambda r: r.choice(["mystery", "fantasy", "science fiction", "funny",
-                                      "historical fiction", "feel-good", "adventure", "short story"]),
+    "debate": lambda r: r.choice(
+        [
+            "pineapple belongs on pizza",
+            "cats are better than dogs",
+            "it's better to be early or on time",
+            "books are better than their movies",
+            "breakfast is the most important meal",
+            "summer beats winter",
+            "you should make your bed every day",
+            "hot dogs count as sandwiches",
+        ]
+    ),
+    "book_genre": lambda r: r.choice(
+        [
+            "mystery",
+            "fantasy",
+            "science fiction",
+            "funny",
+            "historical fiction",
+            "feel-good",
+            "adventure",
+            "short story",
+        ]
+    ),
     "wake_time": lambda r: r.choice(["5:30", "6:00", "6:30", "7:00"]) + " am",
     "guests": lambda r: str(r.randint(3, 12)),
-    "occasion": lambda r: r.choice(["a game night", "a movie night", "a birthday", "a barbecue",
-                                    "a housewarming", "a watch party"]),
-    "language": lambda r: r.choice(["Spanish", "Japanese", "French", "German", "Korean",
-                                    "Italian", "Portuguese", "Arabic"]),
+    "occasion": lambda r: r.choice(
+        ["a game night", "a movie night", "a birthday", "a barbecue", "a housewarming", "a watch party"]
+    ),
+    "language": lambda r: r.choice(
+        ["Spanish", "Japanese", "French", "German", "Korean", "Italian", "Portuguese", "Arabic"]
+    ),
     "months": lambda r: str(r.randint(2, 18)),
-    "pet_behaviour": lambda r: r.choice(["waking me up at 4 am", "chewing on my shoes",
-                                         "knocking things off the table", "barking at the mailman",
-                                         "hiding under the bed", "scratching the couch"]),
-    "activity": lambda r: r.choice(["hiking", "to a museum", "to the beach", "to a cafe with a book",
-                                    "thrift shopping", "to the cinema", "for a bike ride",
-                                    "to a farmers market"]),
+    "pet_behaviour": lambda r: r.choice(
+        [
+            "waking me up at 4 am",
+            "chewing on my shoes",
+            "knocking things off the table",
+            "barking at the mailman",
+            "hiding under the bed",
+            "scratching the couch",
+        ]
+    ),
+    "activity": lambda r: r.choice(
+        [
+            "hiking",
+            "to a museum",
+            "to the beach",
+            "to a cafe with a book",
+            "thrift shopping",
+            "to the cinema",
+            "for a bike ride",
+            "to a farmers market",
+        ]
+    ),
     "activity2": lambda r: CASUAL_SLOTS["activity"](r),
-    "roommate_issue": lambda r: r.choice(["the dishes keep piling up", "the music is too loud at night",
-                                          "they keep eating my food", "the bathroom needs cleaning",
-                                          "guests stay over too often"]),
+    "roommate_issue": lambda r: r.choice(
+        [
+            "the dishes keep piling up",
+            "the music is too loud at night",
+            "they keep eating my food",
+            "the bathroom needs cleaning",
+            "guests stay over too often",
+        ]
+    ),
     "race": lambda r: r.choice(["5K", "10K", "half marathon", "triathlon", "charity walk"]),
     "weeks": lambda r: str(r.randint(3, 16)),
-    "task": lambda r: r.choice(["a big presentation", "my taxes", "a dentist appointment",
-                                "cleaning the garage", "a difficult exam", "writing my thesis",
-                                "a long shift", "a tough conversation with my boss"]),
+    "task": lambda r: r.choice(
+        [
+            "a big presentation",
+            "my taxes",
+            "a dentist appointment",
+            "cleaning the garage",
+            "a difficult exam",
+            "writing my thesis",
+            "a long shift",
+            "a tough conversation with my boss",
+        ]
+    ),
     "season": lambda r: r.choice(["spring", "summer", "autumn", "winter"]),
     "kid_age": lambda r: str(r.randint(3, 12)),
     "kid_age2": lambda r: str(r.randint(3, 12)),
-    "topic": lambda r: r.choice(["octopuses", "the Moon", "honeybees", "volcanoes", "the Roman Empire",
-                                 "coffee", "penguins", "lightning", "ancient Egypt", "the deep sea",
-                                 "sloths", "the Northern Lights"]),
-    "film_genre": lambda r: r.choice(["sci-fi", "heist", "romantic comedy", "horror", "animated",
-                                      "detective", "sports", "space"]),
-    "skill": lambda r: r.choice(["swim", "play the piano", "draw", "dance salsa", "code",
-                                 "juggle", "sew", "skateboard", "ski"]),
+    "topic": lambda r: r.choice(
+        [
+            "octopuses",
+            "the Moon",
+            "honeybees",
+            "volcanoes",
+            "the Roman Empire",
+            "coffee",
+            "penguins",
+            "lightning",
+            "ancient Egypt",
+            "the deep sea",
+            "sloths",
+            "the Northern Lights",
+        ]
+    ),
+    "film_genre": lambda r: r.choice(
+        ["sci-fi", "heist", "romantic comedy", "horror", "animated", "detective", "sports", "space"]
+    ),
+    "skill": lambda r: r.choice(
+        ["swim", "play the piano", "draw", "dance salsa", "code", "juggle", "sew", "skateboard", "ski"]
+    ),
 }
 
-CASUAL_OPENERS = ["", "", "Hey! ", "Hi there, ", "Quick question: ", "Okay so ", "Hello! ",
-                  "Hey, hope you're well. ", "Random question, but "]
+CASUAL_OPENERS = [
+    "",
+    "",
+    "Hey! ",
+    "Hi there, ",
+    "Quick question: ",
+    "Okay so ",
+    "Hello! ",
+    "Hey, hope you're well. ",
+    "Random question, but ",
+]
 CASUAL_CLOSERS = ["", "", "", " Thanks!", " :)", " Thanks in advance!", " Any ideas welcome."]
 
 

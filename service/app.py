@@ -34,8 +34,11 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
         finally:
             await run_in_threadpool(app.state.service.stop)
 
-    app = FastAPI(title="adaptive-spec", summary="Lossless speculative decoding with a draft that keeps learning.",
-                  lifespan=lifespan)
+    app = FastAPI(
+        title="adaptive-spec",
+        summary="Lossless speculative decoding with a draft that keeps learning.",
+        lifespan=lifespan,
+    )
     app.state.settings = settings
     app.state.service = None
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

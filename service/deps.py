@@ -39,24 +39,37 @@ def _bearer(request: Request) -> str | None:
 
 
 def require_api_key(request: Request) -> None:
-    expected = getattr(request.app.state, "settings").api_key
+    expected = request.app.state.settings.api_key
     if expected is None:
         return
     given = _bearer(request)
     if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
-        raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <ADAPTIVE_SPEC_API_KEY>`",
-                       type="invalid_request_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "missing or wrong API key: send `Authorization: Bearer <ADAPTIVE_SPEC_API_KEY>`",
+            type="invalid_request_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 def require_admin(request: Request) -> None:
-    expected = getattr(request.app.state, "settings").admin_token
+    expected = request.app.state.settings.admin_token
     if expected is None:
-        raise APIError(403, "the admin API is disabled: set ADAPTIVE_SPEC_ADMIN_TOKEN in the server's environment "
-                            "and send `Authorization: Bearer <token>`", code="admin_disabled")
+        raise APIError(
+            403,
+            "the admin API is disabled: set ADAPTIVE_SPEC_ADMIN_TOKEN in the server's environment "
+            "and send `Authorization: Bearer <token>`",
+            code="admin_disabled",
+        )
     given = _bearer(request)
     if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
-        raise APIError(401, "missing or wrong admin token: send `Authorization: Bearer <ADAPTIVE_SPEC_ADMIN_TOKEN>`",
-                       code="invalid_admin_token", headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            "missing or wrong admin token: send `Authorization: Bearer <ADAPTIVE_SPEC_ADMIN_TOKEN>`",
+            code="invalid_admin_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 ApiKey = Depends(require_api_key)

@@ -84,17 +84,28 @@ class LoadReport:
 
     def summary(self) -> str:
         d = self.as_dict()
-        return (f"{d['requests']} requests from {self.users} users in {d['elapsed_s']} s: "
-                f"{d['throughput_rps']} req/s, {d['tokens_per_s']} tok/s, latency p50 {d['latency_s']['p50']} s "
-                f"p99 {d['latency_s']['p99']} s max {d['latency_s']['max']} s; by status {d['by_status']}, "
-                f"transport errors {d['transport_errors']}; errors {d['errors']}; "
-                f"adapter versions {d['adapter_versions']}")
+        return (
+            f"{d['requests']} requests from {self.users} users in {d['elapsed_s']} s: "
+            f"{d['throughput_rps']} req/s, {d['tokens_per_s']} tok/s, latency p50 {d['latency_s']['p50']} s "
+            f"p99 {d['latency_s']['p99']} s max {d['latency_s']['max']} s; by status {d['by_status']}, "
+            f"transport errors {d['transport_errors']}; errors {d['errors']}; "
+            f"adapter versions {d['adapter_versions']}"
+        )
 
 
-async def run_load(url: str, users: int = 4, duration_s: float = 10.0, *, model: str | None = None,
-                   prompt: str | list[int] = "Name three rivers.", max_tokens: int = 16, timeout_s: float = 60.0,
-                   extra_body: dict | None = None, allowed: tuple[int, ...] = ALLOWED_STATUSES,
-                   stop: threading.Event | None = None) -> LoadReport:
+async def run_load(
+    url: str,
+    users: int = 4,
+    duration_s: float = 10.0,
+    *,
+    model: str | None = None,
+    prompt: str | list[int] = "Name three rivers.",
+    max_tokens: int = 16,
+    timeout_s: float = 60.0,
+    extra_body: dict | None = None,
+    allowed: tuple[int, ...] = ALLOWED_STATUSES,
+    stop: threading.Event | None = None,
+) -> LoadReport:
     """Run `users` closed-loop users against `url` for `duration_s`, or until `stop` is set (from any thread);
     requests under way at the end finish."""
     url = url.rstrip("/")
@@ -106,14 +117,16 @@ async def run_load(url: str, users: int = 4, duration_s: float = 10.0, *, model:
     started = time.monotonic()
     deadline = started + duration_s
     stop = stop or threading.Event()
-    await asyncio.gather(*(_user(url + "/v1/completions", body, deadline, stop, timeout_s, report)
-                           for _ in range(users)))
+    await asyncio.gather(
+        *(_user(url + "/v1/completions", body, deadline, stop, timeout_s, report) for _ in range(users))
+    )
     report.elapsed_s = time.monotonic() - started
     return report
 
 
-async def _user(url: str, body: dict, deadline: float, stop: threading.Event, timeout_s: float,
-                report: LoadReport) -> None:
+async def _user(
+    url: str, body: dict, deadline: float, stop: threading.Event, timeout_s: float, report: LoadReport
+) -> None:
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         while time.monotonic() < deadline and not stop.is_set():
             sent = time.monotonic()

@@ -41,7 +41,8 @@ class RedisServer:
         if self.binary is None:
             raise RedisNotInstalled(
                 "redis-server is not installed (Debian: apt-get install redis-server; `./run` does this), "
-                "or set REDIS_URL to a Redis you run")
+                "or set REDIS_URL to a Redis you run"
+            )
         self.workdir = Path(workdir).resolve()  # redis-server resolves --logfile after moving to --dir
         self.port = port or free_port()
         self.persist = persist  # append-only file in workdir, so a restart keeps the stream (adaptive-spec up)
@@ -58,8 +59,9 @@ class RedisServer:
                    "--appendonly", "yes" if self.persist else "no", "--dir", str(self.workdir),
                    "--logfile", str(log_path)]  # fmt: skip
         # Its own session: a Ctrl-C in the terminal reaches the parent, which stops Redis last, by pid.
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         _running.add(self)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout

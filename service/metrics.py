@@ -41,40 +41,65 @@ class ServiceMetrics:
         self.num_drafts = self._counter("spec_decode_num_drafts", "Steps that drafted at least one token.", spec)
         self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens", "Draft tokens verified.", spec)
         self.num_accepted_tokens = self._counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec)
-        self.accepted_per_pos = self._counter("spec_decode_num_accepted_tokens_per_pos",
-                                              "Accepted draft tokens at each draft position (0 = first).",
-                                              ["position", *spec])
+        self.accepted_per_pos = self._counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens at each draft position (0 = first).",
+            ["position", *spec],
+        )
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of finished requests.", ["domain"])
-        self.generation_tokens = self._counter("generation_tokens", "Generated tokens of finished requests.",
-                                               ["domain"])
+        self.generation_tokens = self._counter(
+            "generation_tokens", "Generated tokens of finished requests.", ["domain"]
+        )
         self.request_success = self._counter("request_success", "Finished requests.", ["finished_reason", "domain"])
-        self.requests_cancelled = self._counter("requests_cancelled",
-                                                "Requests stopped before the end: timeout, disconnect or shutdown.",
-                                                ["reason"])
+        self.requests_cancelled = self._counter(
+            "requests_cancelled", "Requests stopped before the end: timeout, disconnect or shutdown.", ["reason"]
+        )
         self.requests_rejected = self._counter("requests_rejected", "Requests refused before queueing.", ["reason"])
-        self.latency = Histogram(PREFIX + "e2e_request_latency_seconds", "From arrival to the last token.",
-                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160), registry=self.registry)
-        Gauge(PREFIX + "num_requests_running", "Requests the engine is decoding (0 or 1).",
-              registry=self.registry).set_function(lambda: worker.running)
-        Gauge(PREFIX + "num_requests_waiting", "Requests queued for the engine.",
-              registry=self.registry).set_function(lambda: worker.waiting)
-        Gauge(PREFIX + "adapter_version", "The served draft adapter's version (0 = the base draft, -1 = not a number).",
-              registry=self.registry).set_function(lambda: _version_number(engine.adapter_version))
+        self.latency = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "From arrival to the last token.",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160),
+            registry=self.registry,
+        )
+        Gauge(
+            PREFIX + "num_requests_running", "Requests the engine is decoding (0 or 1).", registry=self.registry
+        ).set_function(lambda: worker.running)
+        Gauge(PREFIX + "num_requests_waiting", "Requests queued for the engine.", registry=self.registry).set_function(
+            lambda: worker.waiting
+        )
+        Gauge(
+            PREFIX + "adapter_version",
+            "The served draft adapter's version (0 = the base draft, -1 = not a number).",
+            registry=self.registry,
+        ).set_function(lambda: _version_number(engine.adapter_version))
         # The adapter watcher's (service/watcher.py): swaps by kind (swap, rollback), refusals by reason
         # (missing, checksum, corrupt, incompatible), and the pause of the last swap.
         self.adapter_swaps = self._counter("adapter_swaps", "Adapter swaps done by this server, by kind.", ["kind"])
-        self.adapter_refusals = self._counter("adapter_refusals", "Adapter versions refused before any swap.",
-                                              ["reason"])
-        self.adapter_registry_errors = self._counter("adapter_registry_errors",
-                                                     "Alias checks that found the adapter registry unreachable.", [])
-        self.adapter_swap_pause = Gauge(PREFIX + "adapter_swap_pause_seconds",
-                                        "How long the last adapter swap held decoding.", registry=self.registry)
+        self.adapter_refusals = self._counter(
+            "adapter_refusals", "Adapter versions refused before any swap.", ["reason"]
+        )
+        self.adapter_registry_errors = self._counter(
+            "adapter_registry_errors", "Alias checks that found the adapter registry unreachable.", []
+        )
+        self.adapter_swap_pause = Gauge(
+            PREFIX + "adapter_swap_pause_seconds",
+            "How long the last adapter swap held decoding.",
+            registry=self.registry,
+        )
         if writer is not None:
             self.registry.register(_CorrectionLogCollector(writer))
         self._domain_label = DomainLabels()
 
-    def observe(self, stats: RequestStats, *, domain: str | None, finish_reason: str, prompt_tokens: int,
-                generation_tokens: int, latency_s: float) -> None:
+    def observe(
+        self,
+        stats: RequestStats,
+        *,
+        domain: str | None,
+        finish_reason: str,
+        prompt_tokens: int,
+        generation_tokens: int,
+        latency_s: float,
+    ) -> None:
         """Count one finished request."""
         domain = self._domain_label(domain)
         version = stats.adapter_version if stats.adapter_version is not None else "base"
@@ -91,7 +116,6 @@ class ServiceMetrics:
 
     def _counter(self, name: str, doc: str, labels: list[str]) -> Counter:
         return Counter(PREFIX + name, doc, labels, registry=self.registry)
-
 
 
 class DomainLabels:
@@ -123,15 +147,21 @@ class _CorrectionLogCollector:
 
     def collect(self):
         counts = self.writer.counters()
-        for key, doc in (("written", "Correction records Redis acknowledged."),
-                         ("dropped", "Correction records dropped: queue full while Redis was away, invalid, or "
-                                     "unflushed at shutdown."),
-                         ("submitted", "Correction records submitted by finished requests.")):
+        for key, doc in (
+            ("written", "Correction records Redis acknowledged."),
+            (
+                "dropped",
+                "Correction records dropped: queue full while Redis was away, invalid, or unflushed at shutdown.",
+            ),
+            ("submitted", "Correction records submitted by finished requests."),
+        ):
             yield CounterMetricFamily(f"{PREFIX}correction_log_records_{key}", doc, value=counts[key])
-        yield CounterMetricFamily(f"{PREFIX}correction_log_errors", "Failed XADD batches (each retried).",
-                                  value=counts["errors"])
-        yield GaugeMetricFamily(f"{PREFIX}correction_log_queue_depth", "Correction records waiting for Redis.",
-                                value=counts["queue_depth"])
+        yield CounterMetricFamily(
+            f"{PREFIX}correction_log_errors", "Failed XADD batches (each retried).", value=counts["errors"]
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}correction_log_queue_depth", "Correction records waiting for Redis.", value=counts["queue_depth"]
+        )
 
 
 def _version_number(version: str | None) -> float:

@@ -59,27 +59,53 @@ class Formatter:
 
     def _envelope(self, chunk: bool) -> dict:
         obj = {CHAT: "chat.completion", COMPLETION: "text_completion"}[self.kind]
-        return {"id": self.id, "object": obj + (".chunk" if chunk and self.kind == CHAT else ""),
-                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint}
+        return {
+            "id": self.id,
+            "object": obj + (".chunk" if chunk and self.kind == CHAT else ""),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
 
     def completion(self, output: GenerationOutput, prompt_tokens: int) -> dict:
         text = output.text or ""
         if self.kind == CHAT:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": output.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": output.finish_reason,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": output.finish_reason,
-                      "token_ids": list(output.token_ids)}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": output.finish_reason,
+                "token_ids": list(output.token_ids),
+            }
         return {**self._envelope(False), "choices": [choice], "usage": usage(prompt_tokens, output)}
 
-    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None = None, *, first: bool = False,
-              with_usage_field: bool = False) -> dict:
+    def chunk(
+        self,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None = None,
+        *,
+        first: bool = False,
+        with_usage_field: bool = False,
+    ) -> dict:
         if self.kind == CHAT:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                      "token_ids": token_ids}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "token_ids": token_ids,
+            }
         body = {**self._envelope(True), "choices": [choice]}
         if with_usage_field:
             body["usage"] = None  # as OpenAI: every chunk has it, null except in the last one
@@ -91,5 +117,3 @@ class Formatter:
 
 def sse(body: dict | str) -> str:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
-
-

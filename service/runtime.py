@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Service:
-    def __init__(self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None,
-                 stats: StatsRecorder | None = None) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None, stats: StatsRecorder | None = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.writer = writer
@@ -45,16 +46,27 @@ class Service:
         """Load the models (unless an engine is given), start the writer and the worker. Blocking."""
         if engine is None:
             log.info("loading %s with draft %s", settings.target, settings.draft)
-            engine = Engine.from_pretrained(settings.target, settings.draft, device=settings.device,
-                                            dtype=settings.dtype, k=settings.k, record_topk=settings.record_topk)
+            engine = Engine.from_pretrained(
+                settings.target,
+                settings.draft,
+                device=settings.device,
+                dtype=settings.dtype,
+                k=settings.k,
+                record_topk=settings.record_topk,
+            )
         writer = stats = None
         if settings.redis_url:
-            writer = CorrectionLogWriter(settings.redis_url, maxlen=settings.stream_maxlen,
-                                         queue_size=settings.log_queue_size)
+            writer = CorrectionLogWriter(
+                settings.redis_url, maxlen=settings.stream_maxlen, queue_size=settings.log_queue_size
+            )
             drift = DriftSettings(settings.drift_window_s, settings.drift_fraction, settings.drift_min_drafts)
-            stats = StatsRecorder(settings.redis_url, retention_s=settings.stats_retention_s, drift=drift,
-                                  served_version=lambda: engine.adapter_version,
-                                  metadata_for=lambda version: find_adapter_metadata(settings.data_dir, version)).start()
+            stats = StatsRecorder(
+                settings.redis_url,
+                retention_s=settings.stats_retention_s,
+                drift=drift,
+                served_version=lambda: engine.adapter_version,
+                metadata_for=lambda version: find_adapter_metadata(settings.data_dir, version),
+            ).start()
         service = cls(settings, engine, writer, stats)
         service.worker.start()
         from service.watcher import start_watcher  # imports MLflow only when a registry is configured
@@ -84,9 +96,12 @@ class Service:
 
     def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None) -> Job:
         """A job for the worker; its id names the response and the correction record."""
-        return Job(prompt_ids, params, deadline=time.monotonic() + self.settings.request_timeout_s,
-                   meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record,
-                         "domain": domain})
+        return Job(
+            prompt_ids,
+            params,
+            deadline=time.monotonic() + self.settings.request_timeout_s,
+            meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record, "domain": domain},
+        )
 
     def request_ended(self, job: Job, output: GenerationOutput | None) -> None:
         """On the worker thread, after the handler has its last chunk: count it, log its record."""
@@ -94,12 +109,21 @@ class Service:
             self.metrics.requests_cancelled.labels(job.cancel_reason or "unknown").inc()
             return
         domain = job.meta["domain"]
-        self.metrics.observe(output.stats, domain=domain, finish_reason=output.finish_reason,
-                             prompt_tokens=len(output.prompt_ids), generation_tokens=len(output.token_ids),
-                             latency_s=time.monotonic() - job.arrived)
+        self.metrics.observe(
+            output.stats,
+            domain=domain,
+            finish_reason=output.finish_reason,
+            prompt_tokens=len(output.prompt_ids),
+            generation_tokens=len(output.token_ids),
+            latency_s=time.monotonic() - job.arrived,
+        )
         if self.stats is not None and job.meta["log"]:  # memory only; a thread writes to Redis. Opted out: no trace
-            self.stats.record(output.stats, domain=domain, greedy=job.params.get("temperature", 0.0) == 0.0,
-                              speculative=job.params.get("speculative", True))
+            self.stats.record(
+                output.stats,
+                domain=domain,
+                greedy=job.params.get("temperature", 0.0) == 0.0,
+                speculative=job.params.get("speculative", True),
+            )
         if self.writer is None or not job.meta["log"]:
             return
         if output.target_topk_ids is None:
@@ -107,7 +131,13 @@ class Service:
                 log.warning("the engine records no target top-m (record_topk=0): no correction records are written")
                 self._warned_no_topk = True
             return
-        record = record_from_output(output, request_id=job.meta["request_id"], created_at=time.time(), domain=domain,
-                                    target_id=self.engine.target_id, draft_id=self.engine.draft_id,
-                                    temperature=job.params["temperature"])
+        record = record_from_output(
+            output,
+            request_id=job.meta["request_id"],
+            created_at=time.time(),
+            domain=domain,
+            target_id=self.engine.target_id,
+            draft_id=self.engine.draft_id,
+            temperature=job.params["temperature"],
+        )
         self.writer.submit(record)  # never blocks on Redis

@@ -34,10 +34,19 @@ from adaptive_spec.engine import CHAT_ROLES
 MAX_STOPS = 16
 
 # OpenAI fields this server does not implement, and the values that mean "not used".
-_UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-                "tools": (None, []), "functions": (None, []), "echo": (None, False), "suffix": (None, ""),
-                "best_of": (None, 1), "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
-                "response_format": (None, {"type": "text"})}
+_UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 class AdaptiveSpecOptions(BaseModel):
@@ -97,11 +106,15 @@ class _GenerationRequest(BaseModel):
 
     def engine_params(self, max_new_tokens: int) -> dict[str, Any]:
         """Keyword arguments for Engine.stream."""
-        return {"max_new_tokens": max_new_tokens,
-                "temperature": 1.0 if self.temperature is None else self.temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p,
-                "top_k": max(0, self.top_k or 0), "seed": self.seed, "stop": self.stop or None,
-                "speculative": self.adaptive_spec.speculative}
+        return {
+            "max_new_tokens": max_new_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": max(0, self.top_k or 0),
+            "seed": self.seed,
+            "stop": self.stop or None,
+            "speculative": self.adaptive_spec.speculative,
+        }
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -22,8 +22,13 @@ from service.settings import Settings
 
 def run(settings: Settings, engine=None) -> None:
     """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0)."""
-    config = uvicorn.Config(create_app(settings, engine), host=settings.host, port=settings.port,
-                            timeout_graceful_shutdown=settings.drain_timeout_s, log_level="info")
+    config = uvicorn.Config(
+        create_app(settings, engine),
+        host=settings.host,
+        port=settings.port,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+        log_level="info",
+    )
     # uvicorn handles SIGINT/SIGTERM while it serves, then raises the signal again for the handler
     # it found. The shutdown is done by then: that second delivery must not kill the process (with
     # Python's default) or unwind it as an error (with the CLI's), so it is a no-op here.

@@ -81,8 +81,14 @@ class Settings:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.k is not None and self.k < 0:
             raise ValueError(f"k must be >= 0 or unset (dynamic), got {self.k}")
-        for name in ("max_tokens_limit", "default_max_tokens", "max_body_bytes", "queue_size", "stream_maxlen",
-                     "log_queue_size"):
+        for name in (
+            "max_tokens_limit",
+            "default_max_tokens",
+            "max_body_bytes",
+            "queue_size",
+            "stream_maxlen",
+            "log_queue_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.record_topk < 0:
@@ -121,8 +127,18 @@ class Settings:
 
 
 _ENV_NAMES = {"max_tokens_limit": "ADAPTIVE_SPEC_MAX_TOKENS", "mlflow_tracking_uri": "MLFLOW_TRACKING_URI"}
-_INTS = {"port", "max_tokens_limit", "default_max_tokens", "max_body_bytes", "queue_size", "stream_maxlen",
-         "log_queue_size", "record_topk", "stats_retention_s", "drift_min_drafts"}
+_INTS = {
+    "port",
+    "max_tokens_limit",
+    "default_max_tokens",
+    "max_body_bytes",
+    "queue_size",
+    "stream_maxlen",
+    "log_queue_size",
+    "record_topk",
+    "stats_retention_s",
+    "drift_min_drafts",
+}
 _FLOATS = {"request_timeout_s", "drain_timeout_s", "adapter_poll_s", "drift_window_s", "drift_fraction"}
 
 

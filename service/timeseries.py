@@ -81,8 +81,17 @@ ADAPTERS_KEY = PREFIX + "adapters"
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
 MAX_POINTS = 2200  # a series never has more points: 6 h of 10 s, 24 h of 60 s, 7 days of 600 s
-FIELDS = ("requests", "tokens", "drafted", "accepted", "drafts", "accepted_first", "drafts_greedy",
-          "target_forwards", "decode_s")
+FIELDS = (
+    "requests",
+    "tokens",
+    "drafted",
+    "accepted",
+    "drafts",
+    "accepted_first",
+    "drafts_greedy",
+    "target_forwards",
+    "decode_s",
+)
 MAX_DOMAINS = 32
 MAX_PENDING_KEYS = 3 * 360  # an hour of 10 s buckets with their 60 s and 600 s parents
 EVENTS_MAXLEN = 10_000
@@ -127,12 +136,21 @@ class DriftState:
 class StatsRecorder:
     """Aggregates finished requests into Redis buckets off the request path, and reads them back."""
 
-    def __init__(self, redis_url: str, *, retention_s: float = 7 * 86400, drift: DriftSettings | None = None,
-                 served_version: Callable[[], str | None] | None = None, flush_every_s: float = 1.0,
-                 replica: str | None = None, client: redis.Redis | None = None,
-                 metadata_for: Callable[[str], dict | None] | None = None) -> None:
-        self.redis = client or redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=1.0,
-                                                    health_check_interval=30)
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        retention_s: float = 7 * 86400,
+        drift: DriftSettings | None = None,
+        served_version: Callable[[], str | None] | None = None,
+        flush_every_s: float = 1.0,
+        replica: str | None = None,
+        client: redis.Redis | None = None,
+        metadata_for: Callable[[str], dict | None] | None = None,
+    ) -> None:
+        self.redis = client or redis.Redis.from_url(
+            redis_url, socket_timeout=2.0, socket_connect_timeout=1.0, health_check_interval=30
+        )
         self.retention_s = int(retention_s)
         self.drift_settings = drift or DriftSettings()
         self.served_version = served_version  # what the engine serves now; None: unknown
@@ -165,16 +183,30 @@ class StatsRecorder:
             self._thread.join(timeout)
         self.flush()
 
-    def record(self, stats: RequestStats, *, domain: str | None, greedy: bool, speculative: bool = True,
-               ended_at: float | None = None) -> None:
+    def record(
+        self,
+        stats: RequestStats,
+        *,
+        domain: str | None,
+        greedy: bool,
+        speculative: bool = True,
+        ended_at: float | None = None,
+    ) -> None:
         """Count one finished request in the buckets of `ended_at` (default now). Memory only."""
         ended_at = time.time() if ended_at is None else ended_at
         version = (stats.adapter_version or BASE) if speculative else TARGET_ALONE
         drafts = stats.drafted_per_pos[0] if stats.drafted_per_pos else 0
-        values = {"requests": 1, "tokens": stats.emitted, "drafted": stats.drafted, "accepted": stats.accepted,
-                  "drafts": drafts, "accepted_first": stats.accepted_per_pos[0] if stats.accepted_per_pos else 0,
-                  "drafts_greedy": drafts if greedy else 0, "target_forwards": stats.target_forwards,
-                  "decode_s": max(0.0, stats.wall_s - stats.prefill_s)}
+        values = {
+            "requests": 1,
+            "tokens": stats.emitted,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "drafts": drafts,
+            "accepted_first": stats.accepted_per_pos[0] if stats.accepted_per_pos else 0,
+            "drafts_greedy": drafts if greedy else 0,
+            "target_forwards": stats.target_forwards,
+            "decode_s": max(0.0, stats.wall_s - stats.prefill_s),
+        }
         with self._lock:
             label = self._domain_label(domain)
             for resolution in RESOLUTIONS:
@@ -205,8 +237,16 @@ class StatsRecorder:
         if previous is not _UNSEEN and previous != _label(version):
             self._queue_event("swap", version, "observed", at)
 
-    def mark(self, kind: str, version: str | None, by: str | None = None, *, adapter_dir: str | Path | None = None,
-             metadata: dict | None = None, at: float | None = None) -> None:
+    def mark(
+        self,
+        kind: str,
+        version: str | None,
+        by: str | None = None,
+        *,
+        adapter_dir: str | Path | None = None,
+        metadata: dict | None = None,
+        at: float | None = None,
+    ) -> None:
         """Record a swap or rollback to `version` (None = the base draft) by `by`, at `at` (default
         now). Never blocks.
 
@@ -221,24 +261,38 @@ class StatsRecorder:
         with self._lock:
             self._last_version = _label(version)
             # the request path may have seen this swap first: the explicit marker supersedes it
-            self._pending_events = [e for e in self._pending_events
-                                    if not (e["by"] == "observed" and e["version"] == _label(version))]
+            self._pending_events = [
+                e for e in self._pending_events if not (e["by"] == "observed" and e["version"] == _label(version))
+            ]
         self._queue_event(kind, version, by or "unknown", at, supersede_observed=True)
 
     def adapter_loaded(self, version: str | None, metadata: dict) -> None:
         """Keep an adapter's gate figures (from its adaptive_spec_adapter.json) for the summary."""
         gate = metadata.get("gate") or {}
-        info = {"version": _label(version), "gate": gate, "loss": metadata.get("loss"),
-                "parent_version": metadata.get("parent_version"), "domain_mix": metadata.get("domain_mix"),
-                "records_consumed": metadata.get("records_consumed"), "loaded_at": time.time()}
+        info = {
+            "version": _label(version),
+            "gate": gate,
+            "loss": metadata.get("loss"),
+            "parent_version": metadata.get("parent_version"),
+            "domain_mix": metadata.get("domain_mix"),
+            "records_consumed": metadata.get("records_consumed"),
+            "loaded_at": time.time(),
+        }
         with self._lock:
             self._pending_adapters[_label(version)] = json.dumps(info, default=_json_safe)
             self._known_adapters.add(_label(version))
 
-    def _queue_event(self, kind: str, version: str | None, by: str, at: float | None,
-                     supersede_observed: bool = False) -> None:
-        event = {"kind": kind, "version": _label(version), "by": by, "replica": self.replica,
-                 "t": f"{time.time() if at is None else at:.3f}", "supersede": "1" if supersede_observed else ""}
+    def _queue_event(
+        self, kind: str, version: str | None, by: str, at: float | None, supersede_observed: bool = False
+    ) -> None:
+        event = {
+            "kind": kind,
+            "version": _label(version),
+            "by": by,
+            "replica": self.replica,
+            "t": f"{time.time() if at is None else at:.3f}",
+            "supersede": "1" if supersede_observed else "",
+        }
         with self._lock:
             if len(self._pending_events) < 1000:
                 self._pending_events.append(event)
@@ -330,8 +384,11 @@ class StatsRecorder:
         since = int((float(event["t"]) - 300) * 1000)
         for entry_id, fields in self.redis.xrevrange(EVENTS_KEY, "+", since, count=20):
             fields = _decode(fields)
-            if fields.get("by") == "observed" and fields.get("replica") == self.replica \
-                    and fields.get("version") == event["version"]:
+            if (
+                fields.get("by") == "observed"
+                and fields.get("replica") == self.replica
+                and fields.get("version") == event["version"]
+            ):
                 self.redis.xdel(EVENTS_KEY, entry_id)
 
     def _ttl(self, resolution: int) -> int:
@@ -361,8 +418,11 @@ class StatsRecorder:
         pipe = self.redis.pipeline(transaction=False)
         for bucket in starts:
             pipe.hgetall(bucket_key(resolution, bucket))
-        return [(bucket, {k.decode(): float(v) for k, v in raw.items()}) for bucket, raw in zip(starts, pipe.execute())
-                if raw]
+        return [
+            (bucket, {k.decode(): float(v) for k, v in raw.items()})
+            for bucket, raw in zip(starts, pipe.execute())
+            if raw
+        ]
 
     def series(self, start: float, end: float, step: int | None = None) -> dict:
         """Every plotted figure per step, by adapter version and by domain (nulls where no traffic)."""
@@ -389,9 +449,15 @@ class StatsRecorder:
                         sums[slot] = {}
                     sums[slot][name] = sums[slot].get(name, 0.0) + value
         baseline = by_version.get(TARGET_ALONE)
-        return {"from": start, "to": end, "step": step, "resolution": resolution, "t": times,
-                "by_version": {v: _figures_series(s, baseline) for v, s in sorted(by_version.items())},
-                "by_domain": {d: _figures_series(s, None) for d, s in sorted(by_domain.items())}}
+        return {
+            "from": start,
+            "to": end,
+            "step": step,
+            "resolution": resolution,
+            "t": times,
+            "by_version": {v: _figures_series(s, baseline) for v, s in sorted(by_version.items())},
+            "by_domain": {d: _figures_series(s, None) for d, s in sorted(by_domain.items())},
+        }
 
     def totals(self, start: float, end: float) -> dict[tuple[str, str], dict[str, float]]:
         """Sums of every field over [start, end) per (version, domain), from the coarsest buckets that fit."""
@@ -415,10 +481,24 @@ class StatsRecorder:
             t = float(fields.get("t", 0))
             if not start <= t <= end:
                 continue
-            event = {"t": t, "kind": fields.get("kind"), "version": fields.get("version"), "by": fields.get("by"),
-                     "replicas": 1}
-            same = next((e for e in reversed(merged[-20:]) if e["kind"] == event["kind"]
-                         and e["version"] == event["version"] and e["by"] == event["by"] and t - e["t"] < 60), None)
+            event = {
+                "t": t,
+                "kind": fields.get("kind"),
+                "version": fields.get("version"),
+                "by": fields.get("by"),
+                "replicas": 1,
+            }
+            same = next(
+                (
+                    e
+                    for e in reversed(merged[-20:])
+                    if e["kind"] == event["kind"]
+                    and e["version"] == event["version"]
+                    and e["by"] == event["by"]
+                    and t - e["t"] < 60
+                ),
+                None,
+            )
             if same is not None:
                 same["replicas"] += 1
             else:
@@ -440,9 +520,13 @@ class StatsRecorder:
                 for name, value in fields.items():
                     sums[name] = sums.get(name, 0.0) + value
         drafts = int(sums.get("drafts", 0))
-        state = DriftState(version=label, drafts=drafts, evaluated_at=now,
-                           acceptance_rate=_ratio(sums.get("accepted", 0.0), sums.get("drafted")),
-                           first_token_acceptance=_ratio(sums.get("accepted_first", 0.0), sums.get("drafts")))
+        state = DriftState(
+            version=label,
+            drafts=drafts,
+            evaluated_at=now,
+            acceptance_rate=_ratio(sums.get("accepted", 0.0), sums.get("drafted")),
+            first_token_acceptance=_ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
+        )
         info = self.adapter_info(version) if version is not None else None
         candidate = ((info or {}).get("gate") or {}).get("candidate") or {}
         greedy_match, expected_acceptance = candidate.get("greedy_match"), candidate.get("expected_acceptance")
@@ -458,8 +542,10 @@ class StatsRecorder:
             state.reason = f"{drafts} drafting steps in the window, the alert needs {settings.min_drafts}"
             return state
         state.alert = state.first_token_acceptance < state.threshold
-        state.reason = (f"first-token acceptance {state.first_token_acceptance:.3f} "
-                        f"{'<' if state.alert else '>='} {settings.fraction} x gated {state.expected:.3f}")
+        state.reason = (
+            f"first-token acceptance {state.first_token_acceptance:.3f} "
+            f"{'<' if state.alert else '>='} {settings.fraction} x gated {state.expected:.3f}"
+        )
         return state
 
 
@@ -476,21 +562,40 @@ class StatsCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         state, counts, name = self.recorder.drift_state, self.recorder.counts, "adaptive_spec:"
-        yield GaugeMetricFamily(name + "drift_alert", "1 while acceptance over the drift window is below the set "
-                                "fraction of the served adapter's gated figure.", value=1.0 if state.alert else 0.0)
+        yield GaugeMetricFamily(
+            name + "drift_alert",
+            "1 while acceptance over the drift window is below the set fraction of the served adapter's gated figure.",
+            value=1.0 if state.alert else 0.0,
+        )
         for key, attribute, doc in (
-                ("acceptance_rate_window", "acceptance_rate",
-                 "Accepted / drafted tokens of the served version over the drift window, all replicas."),
-                ("first_token_acceptance_window", "first_token_acceptance",
-                 "Accepted / drafted first draft tokens of the served version over the drift window, all replicas."),
-                ("first_token_acceptance_expected", "expected",
-                 "The served adapter's gated figure, for the window's mix of greedy and sampled steps.")):
+            (
+                "acceptance_rate_window",
+                "acceptance_rate",
+                "Accepted / drafted tokens of the served version over the drift window, all replicas.",
+            ),
+            (
+                "first_token_acceptance_window",
+                "first_token_acceptance",
+                "Accepted / drafted first draft tokens of the served version over the drift window, all replicas.",
+            ),
+            (
+                "first_token_acceptance_expected",
+                "expected",
+                "The served adapter's gated figure, for the window's mix of greedy and sampled steps.",
+            ),
+        ):
             value = getattr(state, attribute)
             yield GaugeMetricFamily(name + key, doc, value=math.nan if value is None else value)
-        yield CounterMetricFamily(name + "stats_store_errors", "Failed writes or reads of the dashboard store "
-                                  "(retried).", value=counts["errors"])
-        yield CounterMetricFamily(name + "stats_store_dropped_buckets", "Dashboard buckets dropped while Redis was "
-                                  "away too long.", value=counts["dropped_keys"])
+        yield CounterMetricFamily(
+            name + "stats_store_errors",
+            "Failed writes or reads of the dashboard store (retried).",
+            value=counts["errors"],
+        )
+        yield CounterMetricFamily(
+            name + "stats_store_dropped_buckets",
+            "Dashboard buckets dropped while Redis was away too long.",
+            value=counts["dropped_keys"],
+        )
 
 
 def find_adapter_metadata(data_dir: str | Path, version: str) -> dict | None:
@@ -519,17 +624,19 @@ def figures(sums: dict[str, float], baseline: dict[str, float] | None = None) ->
     """The plotted figures of one set of summed fields (see the module docstring)."""
     tokens_per_s = _ratio(sums.get("tokens", 0.0), sums.get("decode_s"))
     baseline_tok_s = _ratio(baseline.get("tokens", 0.0), baseline.get("decode_s")) if baseline else None
-    return {"acceptance_rate": _ratio(sums.get("accepted", 0.0), sums.get("drafted")),
-            "mean_acceptance_length": _ratio(sums.get("tokens", 0.0), sums.get("target_forwards")),
-            "first_token_acceptance": _ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
-            "tokens_per_s": tokens_per_s,
-            "speedup": _ratio(tokens_per_s, baseline_tok_s) if tokens_per_s is not None else None,
-            "requests": int(sums.get("requests", 0)), "drafted": int(sums.get("drafted", 0)),
-            "tokens": int(sums.get("tokens", 0))}
+    return {
+        "acceptance_rate": _ratio(sums.get("accepted", 0.0), sums.get("drafted")),
+        "mean_acceptance_length": _ratio(sums.get("tokens", 0.0), sums.get("target_forwards")),
+        "first_token_acceptance": _ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
+        "tokens_per_s": tokens_per_s,
+        "speedup": _ratio(tokens_per_s, baseline_tok_s) if tokens_per_s is not None else None,
+        "requests": int(sums.get("requests", 0)),
+        "drafted": int(sums.get("drafted", 0)),
+        "tokens": int(sums.get("tokens", 0)),
+    }
 
 
-_SERIES = ("acceptance_rate", "mean_acceptance_length", "first_token_acceptance", "tokens_per_s", "speedup",
-           "requests")
+_SERIES = ("acceptance_rate", "mean_acceptance_length", "first_token_acceptance", "tokens_per_s", "speedup", "requests")
 
 
 def _figures_series(slots: list[dict | None], baseline: list[dict | None] | None) -> dict[str, list]:
@@ -553,8 +660,10 @@ def _label(version: str | None) -> str:
 
 
 def _decode(fields: dict) -> dict[str, str]:
-    return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in fields.items()}
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
 
 
 def _json_safe(value):

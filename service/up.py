@@ -73,9 +73,18 @@ def run_up(up: UpSettings) -> int:
             redis_url = redis_server.url
             _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
         tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir / 'mlflow.db'}"
-        settings = Settings.from_env(host=up.host, port=up.port, data_dir=data_dir, target=up.target,
-                                     draft=up.draft, k=up.k, dtype=up.dtype, device=up.device, redis_url=redis_url,
-                                     mlflow_tracking_uri=tracking_uri)
+        settings = Settings.from_env(
+            host=up.host,
+            port=up.port,
+            data_dir=data_dir,
+            target=up.target,
+            draft=up.draft,
+            k=up.k,
+            dtype=up.dtype,
+            device=up.device,
+            redis_url=redis_url,
+            mlflow_tracking_uri=tracking_uri,
+        )
         trainer = _Trainer(settings, up.trainer_threads, data_dir / "logs" / "trainer.log") if up.trainer else None
         if _signalled.is_set():  # stopped while Redis was starting
             return 0
@@ -136,8 +145,12 @@ class _Trainer:
         self.command = [sys.executable, "-m", "adaptive_spec.cli", "train", "--target", settings.target,
                         "--draft", settings.draft, "--data-dir", str(settings.data_dir), "--dtype", settings.dtype,
                         "--device", settings.device, "--threads", str(threads)]  # fmt: skip
-        self.env = {**os.environ, "REDIS_URL": settings.redis_url or "",
-                    "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri or "", "OMP_NUM_THREADS": str(threads)}
+        self.env = {
+            **os.environ,
+            "REDIS_URL": settings.redis_url or "",
+            "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri or "",
+            "OMP_NUM_THREADS": str(threads),
+        }
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.restarts = 0
@@ -154,8 +167,14 @@ class _Trainer:
             if self._stopping.is_set():
                 return
             with open(self.log_path, "ab") as out:
-                self.process = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+                self.process = subprocess.Popen(
+                    self.command,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         _say(f"started the trainer (pid {self.process.pid}); log in {self.log_path}")
 
     def _watch(self) -> None:
@@ -164,12 +183,16 @@ class _Trainer:
             if self._stopping.is_set():
                 return
             if self.restarts >= MAX_TRAINER_RESTARTS:
-                _say(f"the trainer exited with {code} and was restarted {self.restarts} times; giving up "
-                     f"(serving goes on with the current adapter). See {self.log_path}")
+                _say(
+                    f"the trainer exited with {code} and was restarted {self.restarts} times; giving up "
+                    f"(serving goes on with the current adapter). See {self.log_path}"
+                )
                 return
             self.restarts += 1
-            _say(f"the trainer exited with {code}; restarting in {RESTART_PAUSE_S:.0f} s "
-                 f"({self.restarts}/{MAX_TRAINER_RESTARTS}). See {self.log_path}")
+            _say(
+                f"the trainer exited with {code}; restarting in {RESTART_PAUSE_S:.0f} s "
+                f"({self.restarts}/{MAX_TRAINER_RESTARTS}). See {self.log_path}"
+            )
             if self._stopping.wait(RESTART_PAUSE_S):
                 return
             self._spawn()

@@ -65,8 +65,17 @@ class Refused(AdapterError):
 
 
 class AdapterWatcher:
-    def __init__(self, engine, registry, cache_dir: Path, *, poll_s: float = 5.0, redis_url: str | None = None,
-                 metrics=None, on_swap=None) -> None:
+    def __init__(
+        self,
+        engine,
+        registry,
+        cache_dir: Path,
+        *,
+        poll_s: float = 5.0,
+        redis_url: str | None = None,
+        metrics=None,
+        on_swap=None,
+    ) -> None:
         self.engine = engine
         self.registry = registry
         self.cache_dir = Path(cache_dir)
@@ -91,8 +100,12 @@ class AdapterWatcher:
             self._threads.append(threading.Thread(target=self._listen, name="adapter-events", daemon=True))
         for thread in self._threads:
             thread.start()
-        log.info("watching %r for the champion adapter every %.1f s%s", self.registry, self.poll_s,
-                 " and on " + _channel() if self.redis_url else "")
+        log.info(
+            "watching %r for the champion adapter every %.1f s%s",
+            self.registry,
+            self.poll_s,
+            " and on " + _channel() if self.redis_url else "",
+        )
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -151,7 +164,9 @@ class AdapterWatcher:
         tags = described.tags
         for key, ours in (("target_id", self.engine.target_id), ("draft_id", self.engine.draft_id)):
             if tags.get(key) not in (None, ours):
-                raise Refused("incompatible", f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}")
+                raise Refused(
+                    "incompatible", f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}"
+                )
         sha = described.sha256
         if not sha:
             raise Refused("missing", f"version {version} has no {'adapter_sha256'} tag: nothing to verify it against")
@@ -177,8 +192,9 @@ class AdapterWatcher:
 
     def _swapped(self, kind: str, version: str | None, by: str | None, pause: float, path: Path | None) -> None:
         self.swaps.append((kind, version, pause))
-        log.info("adapter %s -> %s (%s by %s): decoding held %.2f ms", kind, version or "base draft", kind, by,
-                 pause * 1000)
+        log.info(
+            "adapter %s -> %s (%s by %s): decoding held %.2f ms", kind, version or "base draft", kind, by, pause * 1000
+        )
         if self.metrics is not None:
             self.metrics.adapter_swaps.labels(kind).inc()
             self.metrics.adapter_swap_pause.set(pause)
@@ -190,15 +206,24 @@ class AdapterWatcher:
 
     def _refuse(self, version: str, refusal: Refused) -> None:
         self.refused[version] = refusal.reason
-        log.error("refused adapter version %s (%s): %s; still serving %s", version, refusal.reason, refusal,
-                  self.engine.adapter_version or "the base draft")
+        log.error(
+            "refused adapter version %s (%s): %s; still serving %s",
+            version,
+            refusal.reason,
+            refusal,
+            self.engine.adapter_version or "the base draft",
+        )
         if self.metrics is not None:
             self.metrics.adapter_refusals.labels(refusal.reason).inc()
 
     def _registry_down(self, exc: Exception) -> str:
         if not self._unavailable:
-            log.warning("adapter registry unavailable (%s); serving %s and retrying every %.1f s", exc,
-                        self.engine.adapter_version or "the base draft", self.poll_s)
+            log.warning(
+                "adapter registry unavailable (%s); serving %s and retrying every %.1f s",
+                exc,
+                self.engine.adapter_version or "the base draft",
+                self.poll_s,
+            )
         self._unavailable = True
         if self.metrics is not None:
             self.metrics.adapter_registry_errors.inc()
@@ -214,8 +239,11 @@ class AdapterWatcher:
                 event = self.registry.last_event()
             except Exception as exc:
                 log.debug("no last event (%s)", exc)
-        if event is not None and event.get("version") == version and \
-                time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S:
+        if (
+            event is not None
+            and event.get("version") == version
+            and time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S
+        ):
             return ("rollback" if event.get("event") == "rollback" else "swap"), event.get("by")
         went_down = (version is None and served is not None) or (
             version is not None and served is not None and version.isdigit() and served.isdigit()
@@ -292,9 +320,15 @@ def start_watcher(service) -> AdapterWatcher | None:
         except TypeError:  # a store whose mark() takes no adapter_dir
             stats.mark(kind, version, by)
 
-    return AdapterWatcher(service.engine, service.registry, Path(settings.data_dir) / "adapter-cache",
-                          poll_s=settings.adapter_poll_s, redis_url=settings.redis_url, metrics=service.metrics,
-                          on_swap=mark).start()
+    return AdapterWatcher(
+        service.engine,
+        service.registry,
+        Path(settings.data_dir) / "adapter-cache",
+        poll_s=settings.adapter_poll_s,
+        redis_url=settings.redis_url,
+        metrics=service.metrics,
+        on_swap=mark,
+    ).start()
 
 
 def _verify(path: Path, sha: str, engine) -> None:
@@ -305,8 +339,11 @@ def _verify(path: Path, sha: str, engine) -> None:
     listed = ((path / CHECKSUM_FILE).read_text().split() or [""])[0]
     actual = sha256_file(path / WEIGHTS_FILE)
     if not actual == listed == sha:
-        raise Refused("checksum", f"{path}: {WEIGHTS_FILE} hashes to {actual[:12]}..., the registry recorded "
-                                  f"{sha[:12]}... and {CHECKSUM_FILE} {listed[:12]}...")
+        raise Refused(
+            "checksum",
+            f"{path}: {WEIGHTS_FILE} hashes to {actual[:12]}..., the registry recorded "
+            f"{sha[:12]}... and {CHECKSUM_FILE} {listed[:12]}...",
+        )
     try:
         metadata = json.loads((path / METADATA_FILE).read_text()) if (path / METADATA_FILE).is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

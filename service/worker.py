@@ -115,8 +115,9 @@ class Job:
 
 
 class EngineWorker:
-    def __init__(self, engine, queue_size: int,
-                 on_end: Callable[[Job, GenerationOutput | None], None] | None = None) -> None:
+    def __init__(
+        self, engine, queue_size: int, on_end: Callable[[Job, GenerationOutput | None], None] | None = None
+    ) -> None:
         """`on_end(job, output)` runs on this thread after each job: output None means it was cancelled."""
         self.engine = engine
         self.on_end = on_end

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # polling.py and friends, for every test module
 
-from adaptive_spec.record import CorrectionRecord  # noqa: E402
-from service.local_redis import RedisNotInstalled, RedisServer, started_server  # noqa: E402
+from adaptive_spec.record import CorrectionRecord
+from service.local_redis import RedisNotInstalled, RedisServer, started_server
 
 
 @pytest.fixture(scope="module")

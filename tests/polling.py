@@ -1,7 +1,7 @@
 """Waiting in tests for what a background thread or another process does.
 
-    from polling import wait_for     # tests/ on sys.path (--import-mode=importlib adds no test dir)
-    version = wait_for(lambda: engine.adapter_version, 10, "the swap")
+from polling import wait_for     # tests/ on sys.path (--import-mode=importlib adds no test dir)
+version = wait_for(lambda: engine.adapter_version, 10, "the swap")
 """
 
 from __future__ import annotations

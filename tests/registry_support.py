@@ -26,27 +26,49 @@ from service.local_redis import free_port
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def write_adapter(target, layers: int, path: Path, seed: int, *, rank: int = 4, target_id: str = "target",
-                  draft_id: str | None = None, greedy_match: float = 0.5, version: int = 1,
-                  vocab: list[int] | None = None) -> Path:
+def write_adapter(
+    target,
+    layers: int,
+    path: Path,
+    seed: int,
+    *,
+    rank: int = 4,
+    target_id: str = "target",
+    draft_id: str | None = None,
+    greedy_match: float = 0.5,
+    version: int = 1,
+    vocab: list[int] | None = None,
+) -> Path:
     """A random non-zero LoRA on a fresh early-exit draft, with the metadata, checksum (and optionally the
     draft vocabulary) the online trainer writes next to it."""
     torch.manual_seed(seed)
     draft = build_early_exit(target, layers)
-    model = get_peft_model(draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES,
-                                             init_lora_weights=False))
+    model = get_peft_model(
+        draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES, init_lora_weights=False)
+    )
     model.save_pretrained(path)
     digest = sha256_file(path / WEIGHTS_FILE)
     (path / CHECKSUM_FILE).write_text(f"{digest}  {WEIGHTS_FILE}\n")
     metadata = {
-        "format": 1, "target_id": target_id, "draft_id": draft_id or f"early-exit:{layers}", "version": version,
+        "format": 1,
+        "target_id": target_id,
+        "draft_id": draft_id or f"early-exit:{layers}",
+        "version": version,
         "settings": {"r": rank, "alpha": 2 * rank, "lr": 1e-3, "target_modules": MODULES, "loss": "kl_topm"},
-        "records_used": 40 + seed, "tokens_used": 640 + seed, "steps": 20, "loss": 1.5, "first_loss": 2.0,
-        "last_loss": 1.4, "base_version": None, "parent_version": version - 1 or None,
+        "records_used": 40 + seed,
+        "tokens_used": 640 + seed,
+        "steps": 20,
+        "loss": 1.5,
+        "first_loss": 2.0,
+        "last_loss": 1.4,
+        "base_version": None,
+        "parent_version": version - 1 or None,
         "domain_mix": {"json": 30, "sql": 10},
-        "gate": {"candidate": {"greedy_match": greedy_match, "expected_acceptance": greedy_match / 2, "positions": 400},
-                 "champion": {"greedy_match": greedy_match - 0.1, "expected_acceptance": 0.2, "positions": 400},
-                 "reason": "better"},
+        "gate": {
+            "candidate": {"greedy_match": greedy_match, "expected_acceptance": greedy_match / 2, "positions": 400},
+            "champion": {"greedy_match": greedy_match - 0.1, "expected_acceptance": 0.2, "positions": 400},
+            "reason": "better",
+        },
         "adapter_sha256": digest,
     }
     (path / METADATA_FILE).write_text(json.dumps(metadata))
@@ -66,13 +88,25 @@ class MlflowServer:
 
     def start(self, timeout: float = 90.0) -> None:
         mlflow = Path(sys.executable).with_name("mlflow")
-        command = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-                   "--backend-store-uri", f"sqlite:///{self.workdir / 'server.db'}",
-                   "--artifacts-destination", str(self.workdir / "server-artifacts")]
+        command = [
+            str(mlflow),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{self.workdir / 'server.db'}",
+            "--artifacts-destination",
+            str(self.workdir / "server-artifacts"),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.log = open(self.workdir / f"mlflow-server-{self.port}.log", "ab")
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
-                                        start_new_session=True)  # its uvicorn child joins the group we stop
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env, start_new_session=True
+        )  # its uvicorn child joins the group we stop
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -1,7 +1,7 @@
 """Correction records of greedy traffic on a tiny target, as the serving engine logs them.
 
-    from traffic import greedy_records       # tests/ is on sys.path (tests/conftest.py)
-    records = greedy_records(llama(0, vocab=64), 128, domains=("json", "sql", None))
+from traffic import greedy_records       # tests/ is on sys.path (tests/conftest.py)
+records = greedy_records(llama(0, vocab=64), 128, domains=("json", "sql", None))
 """
 
 from __future__ import annotations
@@ -12,8 +12,16 @@ from adaptive_spec import Engine
 from adaptive_spec.record import CorrectionRecord, record_from_output
 
 
-def greedy_records(target, count: int, *, domains=("json",), domain_tokens: int = 16, prompt_len: int = 8,
-                   new_tokens: int = 16, top_m: int = 8) -> list[CorrectionRecord]:
+def greedy_records(
+    target,
+    count: int,
+    *,
+    domains=("json",),
+    domain_tokens: int = 16,
+    prompt_len: int = 8,
+    new_tokens: int = 16,
+    top_m: int = 8,
+) -> list[CorrectionRecord]:
     """`count` requests served by the Engine (k = 1, early-exit:1) with the target's top-m logged.
 
     Prompts use tokens [0, domain_tokens) only: a narrow domain, so a 1-layer draft can learn it.
@@ -21,8 +29,15 @@ def greedy_records(target, count: int, *, domains=("json",), domain_tokens: int 
     """
     engine = Engine(target, "early-exit:1", k=1, record_topk=top_m, eos_token_id=[], target_id="tiny-llama")
     rng = np.random.default_rng(0)
-    return [record_from_output(engine.generate(rng.integers(0, domain_tokens, prompt_len).tolist(),
-                                               max_new_tokens=new_tokens),
-                               request_id=f"req-{i}", created_at=1_700_000_000.0 + i, domain=domains[i % len(domains)],
-                               target_id="tiny-llama", draft_id="early-exit:1", temperature=0.0)
-            for i in range(count)]
+    return [
+        record_from_output(
+            engine.generate(rng.integers(0, domain_tokens, prompt_len).tolist(), max_new_tokens=new_tokens),
+            request_id=f"req-{i}",
+            created_at=1_700_000_000.0 + i,
+            domain=domains[i % len(domains)],
+            target_id="tiny-llama",
+            draft_id="early-exit:1",
+            temperature=0.0,
+        )
+        for i in range(count)
+    ]

@@ -66,15 +66,23 @@ class DriftSettings:
 def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
     """(held-out evaluation, traffic): a seeded shuffle, the first `eval_count` held out."""
     if len(items) < eval_count + 8:
-        raise ValueError(f"need at least {eval_count + 8} prompts for {eval_count} held-out ones plus traffic, "
-                         f"got {len(items)}")
+        raise ValueError(
+            f"need at least {eval_count + 8} prompts for {eval_count} held-out ones plus traffic, got {len(items)}"
+        )
     order = list(items)
     random.Random(seed).shuffle(order)
     return order[:eval_count], order[eval_count:]
 
 
-def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: DriftSettings, redis_url: str,
-              workdir: Path, progress: bool = True) -> dict:
+def run_drift(
+    engine: Engine,
+    items: list[PromptItem],
+    domain: str,
+    settings: DriftSettings,
+    redis_url: str,
+    workdir: Path,
+    progress: bool = True,
+) -> dict:
     import redis
 
     from service.correction_log import CorrectionLogWriter
@@ -88,13 +96,18 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
     layers = _early_exit_layers(engine.draft_id)
     held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
 
-    before = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress,
-                       desc="before")
+    before = run_bench(
+        engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="before"
+    )
     eval_s = time.monotonic() - started
     # Leave room for the second measurement (it may run slower with a larger k) and the write-up.
     traffic_deadline = deadline - 1.3 * eval_s * (1 + len(settings.after_k)) - 15
 
-    stream_name = CORRECTION_STREAM if os.environ.get("REDIS_URL") is None else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
+    stream_name = (
+        CORRECTION_STREAM
+        if os.environ.get("REDIS_URL") is None
+        else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
+    )
     writer = CorrectionLogWriter(redis_url, stream=stream_name)
     client = redis.Redis.from_url(redis_url)
     stream = CorrectionStream(client, stream=stream_name, consumer="bench-drift-trainer")
@@ -106,10 +119,16 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
 
     # A benchmark sees minutes of traffic, not hours: a larger held-out share and a lower bar on
     # held-out positions let the first round come after ~40 records rather than ~160.
-    trainer = OnlineTrainer(build_early_exit(engine.target, layers), stream, workdir / "adapters",
-                            gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
-                            holdout=HoldoutSplit(fraction=settings.holdout_fraction),
-                            target_id=engine.target_id, draft_id=engine.draft_id, on_promote=promote)
+    trainer = OnlineTrainer(
+        build_early_exit(engine.target, layers),
+        stream,
+        workdir / "adapters",
+        gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
+        holdout=HoldoutSplit(fraction=settings.holdout_fraction),
+        target_id=engine.target_id,
+        draft_id=engine.draft_id,
+        on_promote=promote,
+    )
     stop = threading.Event()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -123,12 +142,23 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
             if time.monotonic() > traffic_deadline:
                 break
             out = engine.generate(item.prompt, settings.max_new_tokens, k=settings.k)
-            writer.submit(record_from_output(out, request_id=uuid.uuid4().hex, created_at=time.time(),
-                                             domain=item.domain or domain, target_id=engine.target_id,
-                                             draft_id=engine.draft_id, temperature=0.0))
+            writer.submit(
+                record_from_output(
+                    out,
+                    request_id=uuid.uuid4().hex,
+                    created_at=time.time(),
+                    domain=item.domain or domain,
+                    target_id=engine.target_id,
+                    draft_id=engine.draft_id,
+                    temperature=0.0,
+                )
+            )
             served += 1
-            bar.set_postfix(adapter=engine.adapter_version or "base", promoted=trainer.adapters_promoted,
-                            consumed=trainer.records_consumed)
+            bar.set_postfix(
+                adapter=engine.adapter_version or "base",
+                promoted=trainer.adapters_promoted,
+                consumed=trainer.records_consumed,
+            )
         tail_end = min(time.monotonic() + settings.train_tail_s, traffic_deadline)
         while time.monotonic() < tail_end and worker.is_alive():
             time.sleep(1.0)
@@ -142,10 +172,11 @@ def run_drift(engine: Engine, items: list[PromptItem], domain: str, settings: Dr
             client.delete(stream_name)
         client.close()
 
-    after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress,
-                      desc="after")
-    fixed = {k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress,
-                          desc=f"after, k={k}") for k in settings.after_k}
+    after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="after")
+    fixed = {
+        k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress, desc=f"after, k={k}")
+        for k in settings.after_k
+    }
     return {
         "domain": domain,
         "before": {key: before[key] for key in PHASE_KEYS} | _extras(before),
@@ -195,20 +226,25 @@ def format_report(figures: dict) -> str:
     def f(value, fmt=".3f"):
         return "n/a" if value is None else format(value, fmt)
 
-    return "\n".join([
-        f"domain {figures['domain']}: {figures['traffic_prompts_served']} traffic prompts served, "
-        f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
-        f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
-        f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
-        f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
-        f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
-        f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
-        f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
-        f"  identical to target    {b['identical']}     {a['identical']}",
-        *(f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
-          f"{f(x['mean_acceptance_length'], '.2f')}, speedup {f(x['speedup_vs_target'], '.2f')}x, "
-          f"identical {x['identical']}" for k, x in figures.get("after_fixed_k", {}).items()),
-    ])
+    return "\n".join(
+        [
+            f"domain {figures['domain']}: {figures['traffic_prompts_served']} traffic prompts served, "
+            f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
+            f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
+            f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
+            f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
+            f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
+            f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
+            f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
+            f"  identical to target    {b['identical']}     {a['identical']}",
+            *(
+                f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
+                f"{f(x['mean_acceptance_length'], '.2f')}, speedup {f(x['speedup_vs_target'], '.2f')}x, "
+                f"identical {x['identical']}"
+                for k, x in figures.get("after_fixed_k", {}).items()
+            ),
+        ]
+    )
 
 
 def temporary_workdir(data_dir: Path) -> Path:

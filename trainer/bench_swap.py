@@ -45,8 +45,9 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
         raise ValueError(f"bench-swap builds adapters for early-exit:N drafts; got {engine.draft_id!r}")
     torch.manual_seed(seed)
     draft = build_early_exit(engine.target, int(layers))
-    model = get_peft_model(draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES),
-                                             init_lora_weights=False))
+    model = get_peft_model(
+        draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False)
+    )
     with torch.no_grad():  # small deltas: a plausible adapter, not noise that swamps the base weights
         for name, parameter in model.named_parameters():
             if "lora_" in name:
@@ -54,14 +55,26 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     model.save_pretrained(path)
     digest = sha256_file(path / WEIGHTS_FILE)
     (path / CHECKSUM_FILE).write_text(f"{digest}  {WEIGHTS_FILE}\n")
-    (path / METADATA_FILE).write_text(json.dumps({"target_id": engine.target_id, "draft_id": engine.draft_id,
-                                                  "adapter_sha256": digest, "version": seed}))
+    (path / METADATA_FILE).write_text(
+        json.dumps(
+            {"target_id": engine.target_id, "draft_id": engine.draft_id, "adapter_sha256": digest, "version": seed}
+        )
+    )
     del model, draft
     return path
 
 
-def run_swap_bench(engine, prompts: list, *, swaps: int = 20, clients: int = 2, rank: int = 32,
-                   max_new_tokens: int = 32, interval_s: float = 0.25, k: int | None = None) -> dict:
+def run_swap_bench(
+    engine,
+    prompts: list,
+    *,
+    swaps: int = 20,
+    clients: int = 2,
+    rank: int = 32,
+    max_new_tokens: int = 32,
+    interval_s: float = 0.25,
+    k: int | None = None,
+) -> dict:
     from adaptive_spec.adapters import WEIGHTS_FILE
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-swap-"))
@@ -108,23 +121,35 @@ def run_swap_bench(engine, prompts: list, *, swaps: int = 20, clients: int = 2, 
         engine.unload_adapter()
     wall = time.perf_counter() - started
     return {
-        "adapter_mb": size_mb, "rank": rank, "draft": engine.draft_id, "swaps": len(pauses),
-        "pause_ms_max": max(pauses) * 1000, "pause_ms_p50": statistics.median(pauses) * 1000,
-        "pause_ms_mean": statistics.fmean(pauses) * 1000, "load_ms_p50": statistics.median(loads) * 1000,
-        "requests": served[0], "failed": len(failed), "failures": failed[:5],
-        "identical": not mismatched and served[0] > 0, "clients": clients, "max_new_tokens": max_new_tokens,
-        "wall_s": wall, "passes": max(pauses) < PAUSE_BAR_S and not failed and not mismatched,
+        "adapter_mb": size_mb,
+        "rank": rank,
+        "draft": engine.draft_id,
+        "swaps": len(pauses),
+        "pause_ms_max": max(pauses) * 1000,
+        "pause_ms_p50": statistics.median(pauses) * 1000,
+        "pause_ms_mean": statistics.fmean(pauses) * 1000,
+        "load_ms_p50": statistics.median(loads) * 1000,
+        "requests": served[0],
+        "failed": len(failed),
+        "failures": failed[:5],
+        "identical": not mismatched and served[0] > 0,
+        "clients": clients,
+        "max_new_tokens": max_new_tokens,
+        "wall_s": wall,
+        "passes": max(pauses) < PAUSE_BAR_S and not failed and not mismatched,
     }
 
 
 def format_report(figures: dict) -> str:
-    return "\n".join([
-        f"{figures['swaps']} swaps of a {figures['adapter_mb']:.1f} MB rank-{figures['rank']} adapter on "
-        f"{figures['draft']}, {figures['clients']} clients of steady greedy traffic, {figures['wall_s']:.1f} s",
-        f"  swap pause (decoding held)   max {figures['pause_ms_max']:.3f} ms   p50 {figures['pause_ms_p50']:.3f} ms"
-        f"   mean {figures['pause_ms_mean']:.3f} ms   (bar: max < {PAUSE_BAR_S * 1000:.0f} ms)",
-        f"  load + merge, outside lock   p50 {figures['load_ms_p50']:.1f} ms",
-        f"  requests served {figures['requests']}, failed {figures['failed']}, identical to target alone "
-        f"{figures['identical']}",
-        f"  {'PASS' if figures['passes'] else 'FAIL'}",
-    ])
+    return "\n".join(
+        [
+            f"{figures['swaps']} swaps of a {figures['adapter_mb']:.1f} MB rank-{figures['rank']} adapter on "
+            f"{figures['draft']}, {figures['clients']} clients of steady greedy traffic, {figures['wall_s']:.1f} s",
+            f"  swap pause (decoding held)   max {figures['pause_ms_max']:.3f} ms   p50 {figures['pause_ms_p50']:.3f} ms"
+            f"   mean {figures['pause_ms_mean']:.3f} ms   (bar: max < {PAUSE_BAR_S * 1000:.0f} ms)",
+            f"  load + merge, outside lock   p50 {figures['load_ms_p50']:.1f} ms",
+            f"  requests served {figures['requests']}, failed {figures['failed']}, identical to target alone "
+            f"{figures['identical']}",
+            f"  {'PASS' if figures['passes'] else 'FAIL'}",
+        ]
+    )

@@ -336,8 +336,10 @@ class DraftTrainer:
             "created_at": time.time(),
             "target_id": self.target_id,
             "draft_id": self.draft_id,
-            "draft_config": {key: getattr(config, key, None)
-                             for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")},  # fmt: skip
+            "draft_config": {
+                key: getattr(config, key, None)
+                for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
+            },  # fmt: skip
             "settings": dataclasses.asdict(self.settings),
             "init_adapter": self.init_adapter,
             "steps": self.steps,

@@ -71,8 +71,10 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from trainer.stream import CorrectionStream
 
     if not settings.redis_url:
-        raise TrainerSetupError("the trainer reads correction records from Redis: set REDIS_URL or pass --redis-url "
-                                "(`adaptive-spec up` starts one for you)")
+        raise TrainerSetupError(
+            "the trainer reads correction records from Redis: set REDIS_URL or pass --redis-url "
+            "(`adaptive-spec up` starts one for you)"
+        )
     if settings.threads:
         torch.set_num_threads(settings.threads)
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5.0)
@@ -96,14 +98,23 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     data_dir = Path(settings.data_dir)
     consumer = settings.consumer or f"trainer-{socket.gethostname()}"
     registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
-    pending = PendingRegistrations(registry, data_dir / "registry-pending.json", by=f"trainer:{consumer}",
-                                   retry_s=settings.retry_s).start()
+    pending = PendingRegistrations(
+        registry, data_dir / "registry-pending.json", by=f"trainer:{consumer}", retry_s=settings.retry_s
+    ).start()
     stream = CorrectionStream(client, consumer=consumer)
-    trainer = OnlineTrainer(draft_model, stream, data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
-                            gate=Gate(min_positions=settings.gate_min_positions),
-                            min_new_records=settings.min_new_records, round_steps=settings.round_steps,
-                            target_id=settings.target, draft_id=settings.draft, on_promote=pending.submit,
-                            champion_source=RegistryChampion(registry, pending))
+    trainer = OnlineTrainer(
+        draft_model,
+        stream,
+        data_dir / "adapters",
+        checkpoint_dir=data_dir / "trainer",
+        gate=Gate(min_positions=settings.gate_min_positions),
+        min_new_records=settings.min_new_records,
+        round_steps=settings.round_steps,
+        target_id=settings.target,
+        draft_id=settings.draft,
+        on_promote=pending.submit,
+        champion_source=RegistryChampion(registry, pending),
+    )
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
 
     stop = stop or threading.Event()

@@ -115,12 +115,21 @@ class RegisteredAdapter:
     tags: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"version": self.version, "created_at": self.created_at, "aliases": list(self.aliases),
-                "run_id": self.run_id, "sha256": self.sha256, "candidate_greedy_match": self.candidate_greedy_match,
-                "champion_greedy_match": self.champion_greedy_match,
-                "candidate_expected_acceptance": self.candidate_expected_acceptance, "loss": self.loss,
-                "target_id": self.tags.get("target_id"), "draft_id": self.tags.get("draft_id"),
-                "last_action": self.tags.get(ACTION_TAG), "last_action_by": self.tags.get(ACTION_TAG + "_by")}
+        return {
+            "version": self.version,
+            "created_at": self.created_at,
+            "aliases": list(self.aliases),
+            "run_id": self.run_id,
+            "sha256": self.sha256,
+            "candidate_greedy_match": self.candidate_greedy_match,
+            "champion_greedy_match": self.champion_greedy_match,
+            "candidate_expected_acceptance": self.candidate_expected_acceptance,
+            "loss": self.loss,
+            "target_id": self.tags.get("target_id"),
+            "draft_id": self.tags.get("draft_id"),
+            "last_action": self.tags.get(ACTION_TAG),
+            "last_action_by": self.tags.get(ACTION_TAG + "_by"),
+        }
 
 
 @dataclass(frozen=True)
@@ -154,8 +163,15 @@ class AdapterRegistry:
     `RegistryUnavailable` when MLflow cannot be reached and `RegistryError` for a bad request.
     """
 
-    def __init__(self, tracking_uri: str | None = None, *, data_dir: Path | str = ".adaptive-spec",
-                 redis_url: str | None = None, model_name: str = MODEL_NAME, experiment: str = EXPERIMENT) -> None:
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        *,
+        data_dir: Path | str = ".adaptive-spec",
+        redis_url: str | None = None,
+        model_name: str = MODEL_NAME,
+        experiment: str = EXPERIMENT,
+    ) -> None:
         from mlflow import MlflowClient
 
         self.data_dir = Path(data_dir)
@@ -195,8 +211,9 @@ class AdapterRegistry:
             else:
                 run_id = self._log_run(adapter_dir, metadata)
                 source = self.client.get_run(run_id).info.artifact_uri.rstrip("/") + "/" + ARTIFACT_PATH
-                created = self.client.create_model_version(self.model_name, source, run_id=run_id,
-                                                           tags=_version_tags(metadata, adapter_dir))
+                created = self.client.create_model_version(
+                    self.model_name, source, run_id=run_id, tags=_version_tags(metadata, adapter_dir)
+                )
                 version = str(created.version)
                 log.info("registered %s as version %s of %s (run %s)", adapter_dir, version, self.model_name, run_id)
         if promote:
@@ -210,8 +227,15 @@ class AdapterRegistry:
             self._get_version(version)
             old = self.aliases().get(CHAMPION)
             if old == version:  # nothing moves, nothing to record
-                return {"event": action, "model": self.model_name, "version": version, "from": old, "by": by,
-                        "at": time.time(), "changed": False}
+                return {
+                    "event": action,
+                    "model": self.model_name,
+                    "version": version,
+                    "from": old,
+                    "by": by,
+                    "at": time.time(),
+                    "changed": False,
+                }
             at = self._audit(version, action, by)  # before the alias moves: a watcher reads them with it
             if old is not None:
                 self.client.set_registered_model_alias(self.model_name, PREVIOUS, old)
@@ -226,8 +250,10 @@ class AdapterRegistry:
             aliases = self.aliases()
             target, old = aliases.get(PREVIOUS), aliases.get(CHAMPION)
             if target is None:
-                raise RegistryError(f"{self.model_name} has no '{PREVIOUS}' version to roll back to; "
-                                    f"name one with --to VERSION (see `adaptive-spec adapters list`)")
+                raise RegistryError(
+                    f"{self.model_name} has no '{PREVIOUS}' version to roll back to; "
+                    f"name one with --to VERSION (see `adaptive-spec adapters list`)"
+                )
             at = self._audit(target, "rollback", by)
             self.client.set_registered_model_alias(self.model_name, CHAMPION, target)
             self.client.delete_registered_model_alias(self.model_name, PREVIOUS)
@@ -322,17 +348,24 @@ class AdapterRegistry:
             if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
                 raise
             try:
-                self.client.create_registered_model(self.model_name, tags=pair, description=(
-                    f"LoRA adapters of the draft {pair['draft_id']} for the target {pair['target_id']}, "
-                    f"trained online by adaptive-spec. The alias '{CHAMPION}' is served."))
+                self.client.create_registered_model(
+                    self.model_name,
+                    tags=pair,
+                    description=(
+                        f"LoRA adapters of the draft {pair['draft_id']} for the target {pair['target_id']}, "
+                        f"trained online by adaptive-spec. The alias '{CHAMPION}' is served."
+                    ),
+                )
             except Exception as exc:  # another process created it first
                 if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
                     raise
             return
         kept = {key: model.tags.get(key) for key in pair}
         if all(kept.values()) and kept != pair:
-            raise RegistryError(f"{self.model_name} holds adapters for {kept}, this one is for {pair}: use another "
-                                f"MLflow tracking URI (or registered model) per target/draft pair")
+            raise RegistryError(
+                f"{self.model_name} holds adapters for {kept}, this one is for {pair}: use another "
+                f"MLflow tracking URI (or registered model) per target/draft pair"
+            )
 
     def _experiment(self) -> str:
         if self._experiment_id is None:
@@ -353,26 +386,38 @@ class AdapterRegistry:
         from mlflow.entities import Metric, Param
 
         settings = metadata.get("settings") or {}
-        run = self.client.create_run(self._experiment(), run_name=f"adapter-{adapter_dir.name}",
-                                     tags=_version_tags(metadata, adapter_dir))
+        run = self.client.create_run(
+            self._experiment(), run_name=f"adapter-{adapter_dir.name}", tags=_version_tags(metadata, adapter_dir)
+        )
         run_id = run.info.run_id
         params = {
-            "lr": settings.get("lr"), "rank": settings.get("r"), "lora_alpha": settings.get("alpha"),
-            "target_modules": ",".join(settings.get("target_modules") or []), "loss_kind": settings.get("loss"),
-            "records_used": metadata.get("records_used"), "tokens_used": metadata.get("tokens_used"),
-            "records_consumed": metadata.get("records_consumed"), "tokens_consumed": metadata.get("tokens_consumed"),
-            "steps": metadata.get("steps"), "round_steps": metadata.get("round_steps"),
+            "lr": settings.get("lr"),
+            "rank": settings.get("r"),
+            "lora_alpha": settings.get("alpha"),
+            "target_modules": ",".join(settings.get("target_modules") or []),
+            "loss_kind": settings.get("loss"),
+            "records_used": metadata.get("records_used"),
+            "tokens_used": metadata.get("tokens_used"),
+            "records_consumed": metadata.get("records_consumed"),
+            "tokens_consumed": metadata.get("tokens_consumed"),
+            "steps": metadata.get("steps"),
+            "round_steps": metadata.get("round_steps"),
         }
         now = int(time.time() * 1000)
         gate = metadata.get("gate") or {}
-        metrics = {"loss": metadata.get("loss"), "first_loss": metadata.get("first_loss"),
-                   "last_loss": metadata.get("last_loss")}
+        metrics = {
+            "loss": metadata.get("loss"),
+            "first_loss": metadata.get("first_loss"),
+            "last_loss": metadata.get("last_loss"),
+        }
         for side in ("candidate", "champion"):
             for key, value in (gate.get(side) or {}).items():
                 metrics[f"{side}_{key}"] = value
-        self.client.log_batch(run_id,
-                              metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if _finite(v)],
-                              params=[Param(k, str(v)) for k, v in params.items() if v is not None])
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if _finite(v)],
+            params=[Param(k, str(v)) for k, v in params.items() if v is not None],
+        )
         self.client.log_artifacts(run_id, str(adapter_dir), ARTIFACT_PATH)
         self.client.set_terminated(run_id)
         return run_id
@@ -398,13 +443,17 @@ class AdapterRegistry:
             log.debug("no run for version %s: %s", version, exc)
         tags = dict(model_version.tags or {})
         return RegisteredAdapter(
-            version=version, created_at=model_version.creation_timestamp / 1000.0,
+            version=version,
+            created_at=model_version.creation_timestamp / 1000.0,
             aliases=tuple(sorted(alias for alias, v in aliases.items() if v == version)),
-            run_id=model_version.run_id or "", sha256=tags.get(SHA_TAG),
+            run_id=model_version.run_id or "",
+            sha256=tags.get(SHA_TAG),
             candidate_greedy_match=metrics.get("candidate_greedy_match"),
             champion_greedy_match=metrics.get("champion_greedy_match"),
             candidate_expected_acceptance=metrics.get("candidate_expected_acceptance"),
-            loss=metrics.get("loss"), tags=tags)
+            loss=metrics.get("loss"),
+            tags=tags,
+        )
 
     def _audit(self, version: str, action: str, by: str) -> float:
         """Tags on the version saying what was done to it, by whom, when; returns when."""
@@ -416,8 +465,17 @@ class AdapterRegistry:
     def _record(self, action: str, version: str, old: str | None, by: str, at: float) -> dict:
         """The event: as a tag on the registered model, then on pub/sub (best effort)."""
         model = self.client.get_registered_model(self.model_name)
-        event = {"event": action, "model": self.model_name, "version": version, "from": old, "by": by, "at": at,
-                 "changed": True, "target_id": model.tags.get("target_id"), "draft_id": model.tags.get("draft_id")}
+        event = {
+            "event": action,
+            "model": self.model_name,
+            "version": version,
+            "from": old,
+            "by": by,
+            "at": at,
+            "changed": True,
+            "target_id": model.tags.get("target_id"),
+            "draft_id": model.tags.get("draft_id"),
+        }
         self.client.set_registered_model_tag(self.model_name, EVENT_TAG, json.dumps(event))
         log.info("%s: %s champion %s -> %s by %s", self.model_name, action, old, version, by)
         self.publish(event)
@@ -437,8 +495,12 @@ class AdapterRegistry:
             self._redis.publish(ADAPTER_EVENTS, json.dumps(event))
             return True
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning("could not publish %s on %s (%s); servers will see it on their next alias poll",
-                        event["event"], ADAPTER_EVENTS, exc)
+            log.warning(
+                "could not publish %s on %s (%s); servers will see it on their next alias poll",
+                event["event"],
+                ADAPTER_EVENTS,
+                exc,
+            )
             return False
 
 
@@ -461,8 +523,9 @@ class _Translate:
             raise RegistryError(f"{self.what}: {exc}") from exc
         from service.settings import redact_url
 
-        raise RegistryUnavailable(f"{self.what}: MLflow at {redact_url(self.uri)} is unavailable: "
-                                  f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise RegistryUnavailable(
+            f"{self.what}: MLflow at {redact_url(self.uri)} is unavailable: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
 
 
 def _error_code(exc: BaseException) -> str | None:
@@ -479,11 +542,15 @@ def _finite(value) -> bool:
 def _version_tags(metadata: dict, adapter_dir: Path) -> dict[str, str]:
     gate = metadata.get("gate") or {}
     tags = {
-        "target_id": metadata.get("target_id"), "draft_id": metadata.get("draft_id"),
-        "base_version": metadata.get("base_version"), "parent_version": metadata.get("parent_version"),
-        "trainer_version": metadata.get("version"), "adapter_dir": adapter_dir.name,
+        "target_id": metadata.get("target_id"),
+        "draft_id": metadata.get("draft_id"),
+        "base_version": metadata.get("base_version"),
+        "parent_version": metadata.get("parent_version"),
+        "trainer_version": metadata.get("version"),
+        "adapter_dir": adapter_dir.name,
         "domain_mix": json.dumps(metadata.get("domain_mix") or {}, sort_keys=True),
-        SHA_TAG: metadata.get(SHA_TAG), "gate_reason": gate.get("reason"),
+        SHA_TAG: metadata.get(SHA_TAG),
+        "gate_reason": gate.get("reason"),
     }
     return {key: str(value) for key, value in tags.items() if value is not None}
 
@@ -555,14 +622,16 @@ class PendingRegistrations:
                     version = self.registry.register(Path(entry["path"]), by=self.by, promote=abandoned is None)
                     if abandoned is not None:
                         self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
-                        log.warning("registered %s as version %s without promoting it: %s", entry["path"], version,
-                                    abandoned)
+                        log.warning(
+                            "registered %s as version %s without promoting it: %s", entry["path"], version, abandoned
+                        )
                         self.not_promoted.append(version)
                     self.registered.append(version)
                 except RegistryUnavailable as exc:
                     self.failures += 1
-                    log.warning("%d adapter(s) wait for MLflow (%s); retrying every %.0f s", len(queue), exc,
-                                self.retry_s)
+                    log.warning(
+                        "%d adapter(s) wait for MLflow (%s); retrying every %.0f s", len(queue), exc, self.retry_s
+                    )
                     return len(queue)
                 except (RegistryError, OSError, json.JSONDecodeError) as exc:
                     log.error("dropping %s from the registration queue: %s", entry["path"], exc)
@@ -585,9 +654,11 @@ class PendingRegistrations:
         if holds:
             return None
         trained_from = "the base draft" if parent is None else f"the adapter with sha256 {parent[:12]}"
-        return (f"it was trained from {trained_from}, but the champion is now "
-                f"{'the base draft' if served.version is None else 'version ' + served.version} "
-                f"(moved by {served.by}); promote it by hand if you want it")
+        return (
+            f"it was trained from {trained_from}, but the champion is now "
+            f"{'the base draft' if served.version is None else 'version ' + served.version} "
+            f"(moved by {served.by}); promote it by hand if you want it"
+        )
 
     def start(self) -> PendingRegistrations:
         self._thread = threading.Thread(target=self._run, name="registry-sync", daemon=True)
@@ -602,8 +673,11 @@ class PendingRegistrations:
             self._thread.join(timeout)
         left = len(self.pending())
         if left:
-            log.warning("%d adapter(s) not yet registered; the next `adaptive-spec train` retries them (%s)", left,
-                        self.queue_file)
+            log.warning(
+                "%d adapter(s) not yet registered; the next `adaptive-spec train` retries them (%s)",
+                left,
+                self.queue_file,
+            )
         return left
 
     def _run(self) -> None:

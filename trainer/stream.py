@@ -82,8 +82,11 @@ class CorrectionStream:
         """
         entries, after = [], "0"
         while True:
-            page = _stream_entries(self._with_group(
-                lambda: self.redis.xreadgroup(self.group, self.consumer, {self.stream: after}, count=count)))
+            page = _stream_entries(
+                self._with_group(
+                    lambda: self.redis.xreadgroup(self.group, self.consumer, {self.stream: after}, count=count)
+                )
+            )
             ids = [entry_id for entry_id, _ in page if entry_id is not None]
             if not ids:
                 return entries
@@ -144,7 +147,9 @@ class CorrectionStream:
             try:
                 records.append((entry_id, CorrectionRecord.decode((fields or {})[PAYLOAD_FIELD])))
             except (KeyError, ValueError) as error:
-                log.warning("correction stream entry %s does not decode (%s); acknowledging and skipping it", entry_id, error)
+                log.warning(
+                    "correction stream entry %s does not decode (%s); acknowledging and skipping it", entry_id, error
+                )
                 corrupt_ids.append(entry_id)
         if corrupt_ids:
             self.ack(corrupt_ids)

@@ -27,7 +27,8 @@ def decoder_layers(model) -> nn.ModuleList:
         raise DraftSpecError(
             f"early-exit drafts need a decoder whose layers are at `model.model.layers` (Llama, "
             f"Mistral, Qwen, SmolLM...); {type(model).__name__} has none. Use a separate draft model "
-            f"or `ngram`.")
+            f"or `ngram`."
+        )
     return layers
 
 

@@ -61,9 +61,10 @@ class ModelDrafter:
         self.cache = kv.new_cache(self.model)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
-        feed = context[kv.cache_len(self.cache):]
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        feed = context[kv.cache_len(self.cache) :]
         fed = len(feed)
         tokens, rows = [], []
         for _ in range(k):

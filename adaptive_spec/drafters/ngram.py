@@ -27,18 +27,19 @@ class NgramDrafter:
     def reset(self, context: list[int]) -> None:
         pass
 
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         return Proposal(torch.tensor(self.lookup(context, k), dtype=torch.long, device=self.device), None)
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         length = len(context)
         for n in range(min(self.max_ngram, length - 1), 0, -1):
-            tail = context[length - n:]
+            tail = context[length - n :]
             # Most recent earlier occurrence whose continuation exists.
             for start in range(length - n - 1, -1, -1):
-                if context[start:start + n] == tail:
-                    return context[start + n:start + n + k]
+                if context[start : start + n] == tail:
+                    return context[start + n : start + n + k]
         return []
 
     def rollback(self, valid_len: int) -> None:

@@ -58,9 +58,14 @@ def list_adapters(service: ServiceDep) -> dict:
     registry = _registry(service)
     versions = _call(registry.versions)
     aliases = _call(registry.aliases)
-    return {"object": "list", "model": registry.model_name, "served_version": service.engine.adapter_version,
-            "aliases": aliases, "refused": dict(service.watcher.refused) if service.watcher else {},
-            "data": [version.as_dict() for version in versions]}
+    return {
+        "object": "list",
+        "model": registry.model_name,
+        "served_version": service.engine.adapter_version,
+        "aliases": aliases,
+        "refused": dict(service.watcher.refused) if service.watcher else {},
+        "data": [version.as_dict() for version in versions],
+    }
 
 
 @router.post("/adapters/rollback")
@@ -78,8 +83,12 @@ def promote(service: ServiceDep, request: Request, body: PromoteRequest) -> dict
 
 def _registry(service):
     if service.registry is None:
-        raise APIError(503, "no adapter registry is configured: set MLFLOW_TRACKING_URI (or run the trainer with "
-                            "this server's --data-dir) and restart", code="no_registry")
+        raise APIError(
+            503,
+            "no adapter registry is configured: set MLFLOW_TRACKING_URI (or run the trainer with "
+            "this server's --data-dir) and restart",
+            code="no_registry",
+        )
     return service.registry
 
 

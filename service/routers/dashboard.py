@@ -49,14 +49,21 @@ def install(app: FastAPI) -> None:
 async def page() -> FileResponse:
     index = ASSETS / "index.html"
     if not index.is_file():
-        raise APIError(404, f"dashboard assets not found at {ASSETS} (they live in the repository's ops/dashboard)",
-                       code="not_found")
+        raise APIError(
+            404,
+            f"dashboard assets not found at {ASSETS} (they live in the repository's ops/dashboard)",
+            code="not_found",
+        )
     return FileResponse(index, headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/api/stats/series")
-async def series(request: Request, start: From = None, end: To = None,
-                 step: Annotated[int | None, Query(description="seconds, a multiple of 10")] = None) -> JSONResponse:
+async def series(
+    request: Request,
+    start: From = None,
+    end: To = None,
+    step: Annotated[int | None, Query(description="seconds, a multiple of 10")] = None,
+) -> JSONResponse:
     """Acceptance rate, mean acceptance length, first-token acceptance, tokens/s, speedup (where
     the same buckets hold target-alone requests) and requests, by adapter version and by domain."""
     stats = _store(request)
@@ -64,8 +71,11 @@ async def series(request: Request, start: From = None, end: To = None,
     if step is not None and (step < RESOLUTIONS[0] or step % RESOLUTIONS[0]):
         raise bad_request(f"step must be a positive multiple of {RESOLUTIONS[0]} seconds, got {step}", "step")
     if step is not None and (end - start) / step > MAX_POINTS:
-        raise bad_request(f"step {step} s over {end - start:.0f} s gives more than {MAX_POINTS} points", "step",
-                          code="too_many_points")
+        raise bad_request(
+            f"step {step} s over {end - start:.0f} s gives more than {MAX_POINTS} points",
+            "step",
+            code="too_many_points",
+        )
     return _json(await _read(stats.series, start, end, step))
 
 
@@ -100,10 +110,18 @@ def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
     baseline = by_version.get(TARGET_ALONE)
     settings = stats.drift_settings
     return {
-        "now": time.time(), "from": start, "to": end, "replica": stats.replica,
-        "served_version": served, "champion": stats.adapter_info(served) if served is not None else None,
-        "drift": {**drift.as_dict(), "window_s": settings.window_s, "fraction": settings.fraction,
-                  "min_drafts": settings.min_drafts},
+        "now": time.time(),
+        "from": start,
+        "to": end,
+        "replica": stats.replica,
+        "served_version": served,
+        "champion": stats.adapter_info(served) if served is not None else None,
+        "drift": {
+            **drift.as_dict(),
+            "window_s": settings.window_s,
+            "fraction": settings.fraction,
+            "min_drafts": settings.min_drafts,
+        },
         "versions": [{"version": v, **figures(s, baseline)} for v, s in sorted(by_version.items())],
         "domains": [{"domain": d, **figures(s, baseline_by_domain.get(d))} for d, s in sorted(by_domain.items())],
         "store": dict(stats.counts),
@@ -120,8 +138,9 @@ def _store(request: Request) -> StatsRecorder:
     if service is None:
         raise APIError(503, "the server is starting", code="unavailable")
     if service.stats is None:
-        raise APIError(503, "the dashboard needs Redis: set REDIS_URL (adaptive-spec up starts one)",
-                       code="stats_unavailable")
+        raise APIError(
+            503, "the dashboard needs Redis: set REDIS_URL (adaptive-spec up starts one)", code="stats_unavailable"
+        )
     return service.stats
 
 
@@ -137,8 +156,11 @@ def _range(start: float | None, end: float | None) -> tuple[float, float]:
     if start >= end:
         raise bad_request(f"from ({start:.0f}) must be before to ({end:.0f})", "from")
     if end - start > MAX_RANGE_S:
-        raise bad_request(f"the range is at most {MAX_RANGE_S // 86400} days, got {(end - start) / 86400:.1f}",
-                          "from", code="range_too_long")
+        raise bad_request(
+            f"the range is at most {MAX_RANGE_S // 86400} days, got {(end - start) / 86400:.1f}",
+            "from",
+            code="range_too_long",
+        )
     return start, end
 
 
@@ -146,8 +168,9 @@ async def _read(function, *args):
     try:
         return await run_in_threadpool(function, *args)
     except (redis.RedisError, OSError) as exc:
-        raise APIError(503, f"the stats store (Redis) is unavailable: {type(exc).__name__}",
-                       code="stats_unavailable") from None
+        raise APIError(
+            503, f"the stats store (Redis) is unavailable: {type(exc).__name__}", code="stats_unavailable"
+        ) from None
 
 
 def _json(body) -> JSONResponse:

@@ -35,9 +35,20 @@ router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKey])
 @router.get("/models")
 async def list_models(service: ServiceDep) -> dict:
     engine = service.engine
-    return {"object": "list", "data": [{
-        "id": service.model_name, "object": "model", "created": service.started_at, "owned_by": "adaptive-spec",
-        "max_model_len": engine.max_context, "draft": engine.draft_id, "adapter_version": engine.adapter_version}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": service.model_name,
+                "object": "model",
+                "created": service.started_at,
+                "owned_by": "adaptive-spec",
+                "max_model_len": engine.max_context,
+                "draft": engine.draft_id,
+                "adapter_version": engine.adapter_version,
+            }
+        ],
+    }
 
 
 @router.post("/chat/completions")
@@ -53,12 +64,17 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
 async def _generate(service: Service, request: Request, body, prompt, kind: str):
     settings, engine = service.settings, service.engine
     if body.model != service.model_name:
-        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {service.model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {service.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
     max_tokens = body.requested_max_tokens or min(settings.default_max_tokens, settings.max_tokens_limit)
     if max_tokens > settings.max_tokens_limit:
-        raise bad_request(f"max_tokens is {max_tokens}, over this server's limit of {settings.max_tokens_limit}",
-                          param="max_tokens")
+        raise bad_request(
+            f"max_tokens is {max_tokens}, over this server's limit of {settings.max_tokens_limit}", param="max_tokens"
+        )
     if body.stop and engine.tokenizer is None:
         raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
     try:
@@ -73,18 +89,28 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
     except Rejected as exc:
         service.metrics.requests_rejected.labels(exc.reason).inc()
         if exc.reason == "queue_full":
-            raise APIError(429, f"the server is busy: {settings.queue_size} requests are already waiting; retry "
-                                "later", code="queue_full", headers={"Retry-After": "1"}) from None
+            raise APIError(
+                429,
+                f"the server is busy: {settings.queue_size} requests are already waiting; retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
         raise APIError(503, "the server is shutting down", code="shutting_down") from None
 
-    fmt = Formatter(kind, job.meta["request_id"], job.meta["created"], service.model_name,
-                    f"adaptive-spec:{engine.draft_id}:{engine.adapter_version or 'base'}")
+    fmt = Formatter(
+        kind,
+        job.meta["request_id"],
+        job.meta["created"],
+        service.model_name,
+        f"adaptive-spec:{engine.draft_id}:{engine.adapter_version or 'base'}",
+    )
     headers = {"x-request-id": job.meta["request_id"]}
     chunk = await _next(job, request)
     if body.stream:
         events = _stream(job, chunk, fmt, IncrementalText(engine, body.stop), body.include_usage, len(prompt_ids))
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache"})
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+        )
     while chunk.output is None:
         chunk = await _next(job, request)
     return JSONResponse(fmt.completion(chunk.output, len(prompt_ids)), headers=headers)
@@ -113,8 +139,9 @@ async def _stream(job: Job, chunk, fmt: Formatter, text: IncrementalText, includ
                 yield sse(fmt.chunk(delta, chunk.token_ids, with_usage_field=include_usage))
             chunk = await job.next_event()
         output = chunk.output
-        yield sse(fmt.chunk(text.finish(output.text), chunk.token_ids, output.finish_reason,
-                            with_usage_field=include_usage))
+        yield sse(
+            fmt.chunk(text.finish(output.text), chunk.token_ids, output.finish_reason, with_usage_field=include_usage)
+        )
         if include_usage:
             yield sse(fmt.usage_chunk(output, prompt_tokens))
     except Ended as exc:
@@ -122,8 +149,9 @@ async def _stream(job: Job, chunk, fmt: Formatter, text: IncrementalText, includ
     except InputError as exc:
         yield sse(bad_request(str(exc)).body())
     except Exception as exc:  # already logged by the worker
-        yield sse(APIError(500, f"internal error ({type(exc).__name__}); see the server log",
-                           code="internal_error").body())
+        yield sse(
+            APIError(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error").body()
+        )
     finally:
         job.cancel("disconnect")  # no-op once the job has finished or ended
     yield sse("[DONE]")
@@ -131,8 +159,11 @@ async def _stream(job: Job, chunk, fmt: Formatter, text: IncrementalText, includ
 
 def _ended(exc: Ended) -> APIError:
     if exc.reason == "timeout":
-        return APIError(504, "the request took longer than this server's limit (ADAPTIVE_SPEC_REQUEST_TIMEOUT_S) "
-                             "and was stopped", code="request_timeout")
+        return APIError(
+            504,
+            "the request took longer than this server's limit (ADAPTIVE_SPEC_REQUEST_TIMEOUT_S) and was stopped",
+            code="request_timeout",
+        )
     if exc.reason == "disconnect":
         return APIError(499, "the client closed the connection", code="client_closed")
     return APIError(503, "the server shut down before this request finished", code="shutting_down")

@@ -24,10 +24,15 @@ async def health(request: Request) -> JSONResponse:
     if service is None:
         return JSONResponse({"status": "starting"}, status_code=503)
     engine, worker = service.engine, service.worker
-    body = {"status": "draining" if worker.closing else "ok", "model": service.model_name,
-            "draft": engine.draft_id, "adapter_version": engine.adapter_version,
-            "requests_running": worker.running, "requests_waiting": worker.waiting,
-            "correction_log": service.writer.counters() if service.writer is not None else None}
+    body = {
+        "status": "draining" if worker.closing else "ok",
+        "model": service.model_name,
+        "draft": engine.draft_id,
+        "adapter_version": engine.adapter_version,
+        "requests_running": worker.running,
+        "requests_waiting": worker.waiting,
+        "correction_log": service.writer.counters() if service.writer is not None else None,
+    }
     return JSONResponse(body, status_code=503 if worker.closing else 200)
 
 

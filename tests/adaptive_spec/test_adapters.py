@@ -13,7 +13,7 @@ from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterError, sh
 from adaptive_spec.drafters.early_exit import build_early_exit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import tiny_target  # noqa: E402
+from tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,8 +25,9 @@ def make_adapter(target, layers: int, path: Path, seed: int, rank: int = 4) -> t
     """A random (non-zero) LoRA on a fresh early-exit draft, saved as the trainer saves it."""
     torch.manual_seed(seed)
     draft = build_early_exit(target, layers)
-    peft_model = get_peft_model(draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES,
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES, init_lora_weights=False)
+    )
     peft_model.save_pretrained(path)
     (path / CHECKSUM_FILE).write_text(sha256_file(path / WEIGHTS_FILE) + "\n")
     return peft_model.eval()
@@ -99,6 +100,7 @@ def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
 
     other_shape = tmp_path / "other-shape"  # another model's hidden size
     from tiny import llama
+
     make_adapter(llama(7, layers=4, hidden=32), 2, other_shape, seed=7)
 
     no_checksum_garbage = tmp_path / "garbage"
@@ -106,8 +108,13 @@ def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
     (no_checksum_garbage / "adapter_config.json").write_text("{not json")
     (no_checksum_garbage / WEIGHTS_FILE).write_bytes(b"junk")
 
-    cases = {corrupt: "checksum", too_deep: "no such linear", other_shape: "module is",
-             tmp_path / "missing": "not an adapter directory", no_checksum_garbage: "unreadable"}
+    cases = {
+        corrupt: "checksum",
+        too_deep: "no such linear",
+        other_shape: "module is",
+        tmp_path / "missing": "not an adapter directory",
+        no_checksum_garbage: "unreadable",
+    }
     for path, phrase in cases.items():
         with pytest.raises(AdapterError, match=phrase):
             engine.load_adapter(path)

@@ -23,8 +23,7 @@ def gain(policy: DynamicK, k: int) -> float:
     return expected_tokens(policy.alpha, k) / (k * policy.draft_cost() + policy.verify_cost(k))
 
 
-def feed(policy: DynamicK, steps: int, k: int, accepted: int, draft_s_per_forward: float,
-         verify_s: float) -> None:
+def feed(policy: DynamicK, steps: int, k: int, accepted: int, draft_s_per_forward: float, verify_s: float) -> None:
     """`steps` drafting steps with these outcomes and times, each followed by a plain step."""
     for _ in range(steps):
         policy.observe(k, accepted, k * draft_s_per_forward, k, verify_s)
@@ -177,8 +176,7 @@ def test_a_step_with_nothing_drafted_leaves_alpha_alone() -> None:
 
 def test_choose_never_exceeds_the_limit_or_k_max() -> None:
     cost_settings = [(0.0001, 0.0101), (0.002, 0.012), (0.05, 0.011)]  # (draft forward, verify) seconds
-    for (draft_s, verify_s), alpha, k_max in itertools.product(cost_settings, [0.0, 0.3, 0.8, 0.999, 1.0],
-                                                               [1, 3, 8]):
+    for (draft_s, verify_s), alpha, k_max in itertools.product(cost_settings, [0.0, 0.3, 0.8, 0.999, 1.0], [1, 3, 8]):
         policy = DynamicK(k_max=k_max, probe_every=3)
         feed(policy, 5, k=2, accepted=1, draft_s_per_forward=draft_s, verify_s=verify_s)
         policy.alpha = alpha

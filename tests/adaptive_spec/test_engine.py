@@ -31,7 +31,7 @@ from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.sampling import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target  # noqa: E402
+from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,7 +76,7 @@ def make_draft(kind: str, model: torch.nn.Module):
 
 def first_difference(a: list[int], b: list[int]) -> str:
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"first difference at {i}: speculative {a[i:i + 5]} vs plain {b[i:i + 5]}"
+    return f"first difference at {i}: speculative {a[i : i + 5]} vs plain {b[i : i + 5]}"
 
 
 class AlwaysWrongDrafter:
@@ -96,8 +96,9 @@ class AlwaysWrongDrafter:
         pass
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         greedy = int(self.model(input_ids=torch.tensor([context])).logits[0, -1].argmax())
         wrong = (greedy + 1) % self.vocab
         return Proposal(torch.full((k,), wrong, dtype=torch.long), None, forwards=1)
@@ -219,10 +220,16 @@ def test_both_caches_equal_a_fresh_prefill_after_every_step(temperature: float, 
     # The scenario must have exercised rollbacks: steps that rejected their first draft (the
     # target crops k positions), and steps that rejected one in the middle (it crops fewer).
     assert out.stats.drafted > out.stats.accepted > 0
-    rejected_first = [i for i, (p, a) in enumerate(zip(out.proposed, out.accepted)) if p != -1 and not a
-                      and (i == 0 or not out.accepted[i - 1])]
-    rejected_later = [i for i, (p, a) in enumerate(zip(out.proposed, out.accepted)) if p != -1 and not a
-                      and i > 0 and out.accepted[i - 1]]
+    rejected_first = [
+        i
+        for i, (p, a) in enumerate(zip(out.proposed, out.accepted))
+        if p != -1 and not a and (i == 0 or not out.accepted[i - 1])
+    ]
+    rejected_later = [
+        i
+        for i, (p, a) in enumerate(zip(out.proposed, out.accepted))
+        if p != -1 and not a and i > 0 and out.accepted[i - 1]
+    ]
     assert rejected_first and rejected_later, (out.proposed, out.accepted)
     if temperature == 0.0:
         assert out.token_ids == baseline(0, prompt)
@@ -235,8 +242,9 @@ def test_separate_draft_cache_equals_a_fresh_prefill_after_a_request() -> None:
     out = engine.generate(prompt, max_new_tokens=NEW_TOKENS, k=3)
     assert out.stats.drafted > out.stats.accepted  # rejections happened
     assert isinstance(engine.drafter, ModelDrafter)
-    assert_cache_matches_fresh_prefill(engine.drafter.model, engine.drafter.cache, prompt + out.token_ids,
-                                       "separate draft cache")
+    assert_cache_matches_fresh_prefill(
+        engine.drafter.model, engine.drafter.cache, prompt + out.token_ids, "separate draft cache"
+    )
 
 
 # =================================================================================================
@@ -249,15 +257,23 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
     engine = Engine(model, "early-exit:3")
     prompt = PROMPTS["repeating"]
     for options in [dict(temperature=1.0), dict(temperature=0.8, top_k=20, top_p=0.9)]:
-        runs = {seed: [engine.generate(prompt, max_new_tokens=NEW_TOKENS, seed=seed, k=3, **options).token_ids
-                       for _ in range(2)] for seed in (1, 2)}
+        runs = {
+            seed: [
+                engine.generate(prompt, max_new_tokens=NEW_TOKENS, seed=seed, k=3, **options).token_ids
+                for _ in range(2)
+            ]
+            for seed in (1, 2)
+        }
         assert runs[1][0] == runs[1][1] and runs[2][0] == runs[2][1]
         assert runs[1][0] != runs[2][0]
-        streamed = [t for c in engine.stream(prompt, max_new_tokens=NEW_TOKENS, seed=1, k=3, **options)
-                    for t in c.token_ids]
+        streamed = [
+            t for c in engine.stream(prompt, max_new_tokens=NEW_TOKENS, seed=1, k=3, **options) for t in c.token_ids
+        ]
         assert streamed == runs[1][0]
-    plain = [engine.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=5, speculative=False).token_ids
-             for _ in range(2)]
+    plain = [
+        engine.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=5, speculative=False).token_ids
+        for _ in range(2)
+    ]
     assert plain[0] == plain[1]
 
 
@@ -300,7 +316,9 @@ def test_sampled_tokens_follow_the_target_with_a_strongly_disagreeing_draft() ->
     prompt = [3]
     first_probs = small(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)  # [vocab]
     draft_probs = contrary(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)  # [vocab]
-    after = small(input_ids=torch.tensor([[3, x] for x in range(SMALL_VOCAB)])).logits[:, -1].softmax(-1)  # [vocab, vocab]
+    after = (
+        small(input_ids=torch.tensor([[3, x] for x in range(SMALL_VOCAB)])).logits[:, -1].softmax(-1)
+    )  # [vocab, vocab]
     second_probs = first_probs @ after  # [vocab]: P(second = y) = sum_x P(x) P(y | x)
     overlap = float(torch.minimum(first_probs, draft_probs).sum())  # P(the first draft is accepted)
     assert 0.5 * float((first_probs - draft_probs).abs().sum()) > 0.6, "the draft does not disagree strongly"
@@ -359,7 +377,7 @@ def test_eos_inside_an_accepted_run_truncates_after_it() -> None:
     eos = plain[p]
     out = Engine(model, model, eos_token_id=eos).generate(prompt, max_new_tokens=NEW_TOKENS, k=5)
     plain_out = Engine(model, None, eos_token_id=eos).generate(prompt, max_new_tokens=NEW_TOKENS, speculative=False)
-    assert out.token_ids == plain_out.token_ids == plain[:p + 1]
+    assert out.token_ids == plain_out.token_ids == plain[: p + 1]
     assert out.finish_reason == plain_out.finish_reason == "stop"
     assert len(out.proposed) == len(out.accepted) == p + 1
     assert out.stats.emitted == p + 1
@@ -373,9 +391,10 @@ def test_eos_list_and_the_length_finish() -> None:
     out = Engine(model, "ngram", eos_token_id=never).generate(PROMPTS["one-token"], max_new_tokens=NEW_TOKENS, k=3)
     assert out.token_ids == plain and out.finish_reason == "length"
     first_eos = plain[5]
-    out = Engine(model, "ngram", eos_token_id=never + [first_eos]).generate(PROMPTS["one-token"],
-                                                                          max_new_tokens=NEW_TOKENS, k=3)
-    assert out.token_ids == plain[:plain.index(first_eos) + 1] and out.finish_reason == "stop"
+    out = Engine(model, "ngram", eos_token_id=never + [first_eos]).generate(
+        PROMPTS["one-token"], max_new_tokens=NEW_TOKENS, k=3
+    )
+    assert out.token_ids == plain[: plain.index(first_eos) + 1] and out.finish_reason == "stop"
 
 
 # =================================================================================================
@@ -493,8 +512,14 @@ def test_early_exit_draft_shares_embedding_and_head_but_owns_its_layers() -> Non
 
 @pytest.mark.parametrize(
     ("draft", "k", "temperature"),
-    [("early-exit:3", 3, 0.0), ("early-exit:1", None, 0.0), ("ngram", 4, 0.0), ("ngram", None, 1.0),
-     ("separate-model", 2, 1.0), ("target-itself", 5, 0.7)],
+    [
+        ("early-exit:3", 3, 0.0),
+        ("early-exit:1", None, 0.0),
+        ("ngram", 4, 0.0),
+        ("ngram", None, 1.0),
+        ("separate-model", 2, 1.0),
+        ("target-itself", 5, 0.7),
+    ],
 )
 def test_statistics_and_trace_are_consistent(draft: str, k, temperature: float) -> None:
     model = target(0)
@@ -539,7 +564,7 @@ def test_record_topk_matches_the_target_distribution() -> None:
     assert out.target_topk_ids[:, 0].tolist() == out.token_ids  # greedy: the top-1 token is emitted
     # The recorded log-probabilities are the target's own, position by position.
     context = prompt + out.token_ids[:-1]
-    logprobs = model(input_ids=torch.tensor([context])).logits[0, len(prompt) - 1:].log_softmax(-1)  # [n, vocab]
+    logprobs = model(input_ids=torch.tensor([context])).logits[0, len(prompt) - 1 :].log_softmax(-1)  # [n, vocab]
     top = logprobs.topk(4, dim=-1)
     assert torch.equal(out.target_topk_ids, top.indices)
     torch.testing.assert_close(out.target_topk_logprobs, top.values, atol=1e-4, rtol=0)
@@ -551,16 +576,18 @@ def test_record_topk_is_truncated_with_the_output_at_eos() -> None:
     model = target(1)
     plain = baseline(1, PROMPTS["repeating"])
     eos = plain[8]
-    out = Engine(model, model, record_topk=3, eos_token_id=eos).generate(PROMPTS["repeating"],
-                                                                         max_new_tokens=NEW_TOKENS, k=5)
+    out = Engine(model, model, record_topk=3, eos_token_id=eos).generate(
+        PROMPTS["repeating"], max_new_tokens=NEW_TOKENS, k=5
+    )
     n = plain.index(eos) + 1
     assert len(out.token_ids) == n
     assert out.target_topk_ids.shape == (n, 3)
     assert out.target_topk_ids[:, 0].tolist() == out.token_ids
 
 
-@pytest.mark.parametrize(("draft", "k", "temperature"), [("early-exit:3", 3, 0.0), ("ngram", None, 0.0),
-                                                        ("early-exit:1", 2, 1.0)])
+@pytest.mark.parametrize(
+    ("draft", "k", "temperature"), [("early-exit:3", 3, 0.0), ("ngram", None, 0.0), ("early-exit:1", 2, 1.0)]
+)
 def test_stream_chunks_add_up_to_the_generated_output(draft: str, k, temperature: float) -> None:
     model = target(2)
     engine = Engine(model, draft)

@@ -10,7 +10,7 @@ from adaptive_spec import Engine
 from adaptive_spec.models import ModelLoadError, resolve_device, resolve_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import llama, tiny_target  # noqa: E402
+from tiny import llama, tiny_target
 
 
 def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):

@@ -36,9 +36,13 @@ def test_baseline_equals_transformers_generate(engine, prompts, baselines):
     for prompt, base in list(zip(prompts, baselines))[:2]:
         ids = engine.encode_prompt(prompt)
         with torch.inference_mode():
-            hf = engine.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        max_new_tokens=MAX_NEW, do_sample=False)
-        assert hf[0, len(ids):].tolist() == base.token_ids
+            hf = engine.target.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+            )
+        assert hf[0, len(ids) :].tolist() == base.token_ids
 
 
 def test_at_least_five_prompts_run_the_full_length(baselines):

@@ -22,8 +22,9 @@ TARGET_LAYERS = 4
 MAX_POSITIONS = 256
 
 
-def llama(seed: int, vocab: int = VOCAB, layers: int = TARGET_LAYERS, hidden: int = 64,
-          init: float = 0.1) -> LlamaForCausalLM:
+def llama(
+    seed: int, vocab: int = VOCAB, layers: int = TARGET_LAYERS, hidden: int = 64, init: float = 0.1
+) -> LlamaForCausalLM:
     """A random fp32 Llama: `hidden` wide, 4 query heads sharing 2 KV heads, 256 positions."""
     config = LlamaConfig(
         vocab_size=vocab,

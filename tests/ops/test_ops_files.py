@@ -26,8 +26,10 @@ K8S = OPS / "k8s" / "adaptive-spec.yaml"
 COMPOSE = OPS / "compose.yaml"
 ALERTS = OPS / "prometheus" / "alerts.yml"
 # What the server reads (Settings.from_env) plus what the trainer and the CLI read (cli.py epilog).
-SETTINGS_ENV = {"REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
-                for f in fields(Settings)}
+SETTINGS_ENV = {
+    "REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
+    for f in fields(Settings)
+}
 KNOWN_ENV = SETTINGS_ENV | {"MLFLOW_TRACKING_URI", "ADAPTIVE_SPEC_DATA_DIR"}
 METRIC = re.compile(r"\badaptive_spec:[a-z_:]+")
 
@@ -58,8 +60,11 @@ def adaptive_spec_containers() -> list[tuple[str, list[str], dict[str, str]]]:
 
 
 def runbook_commands() -> list[list[str]]:
-    return [shlex.split(line.strip().split("#")[0]) for line in (OPS / "RUNBOOK.md").read_text().splitlines()
-            if line.strip().startswith("adaptive-spec ")]
+    return [
+        shlex.split(line.strip().split("#")[0])
+        for line in (OPS / "RUNBOOK.md").read_text().splitlines()
+        if line.strip().startswith("adaptive-spec ")
+    ]
 
 
 def parse(command: list[str]):
@@ -74,14 +79,20 @@ def test_the_files_parse_and_run_both_commands_that_the_design_needs():
     roles = {command[1] for _, command, _ in adaptive_spec_containers()}
     assert roles == {"serve", "train"}
     kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in k8s_docs()}
-    assert {("Service", "redis"), ("Service", "mlflow"), ("Deployment", "adaptive-spec-trainer"),
-            ("Deployment", "app")} <= kinds
+    assert {
+        ("Service", "redis"),
+        ("Service", "mlflow"),
+        ("Deployment", "adaptive-spec-trainer"),
+        ("Deployment", "app"),
+    } <= kinds
     app = next(doc for doc in k8s_docs() if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "app")
     names = [c["name"] for c in app["spec"]["template"]["spec"]["containers"]]
     assert "adaptive-spec" in names and len(names) == 2  # a sidecar next to the app container
 
 
-@pytest.mark.parametrize("where, command, env", adaptive_spec_containers(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "where, command, env", adaptive_spec_containers(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_every_command_is_a_real_cli_line_with_known_environment(where, command, env):
     args = parse(command)
     assert args.command in {"serve", "train"}
@@ -90,8 +101,11 @@ def test_every_command_is_a_real_cli_line_with_known_environment(where, command,
     assert {"REDIS_URL", "MLFLOW_TRACKING_URI"} <= set(env), f"{where}: needs Redis and MLflow"
     if args.command == "serve":
         assert "ADAPTIVE_SPEC_ADMIN_TOKEN" in env and args.host == "0.0.0.0"
-    values = {name: value for name, value in env.items() if name in SETTINGS_ENV and value is not None
-              and not value.startswith("$")}
+    values = {
+        name: value
+        for name, value in env.items()
+        if name in SETTINGS_ENV and value is not None and not value.startswith("$")
+    }
     Settings.from_env(values)  # every value parses and passes the settings' checks
 
 
@@ -110,7 +124,9 @@ def test_ports_and_addresses_agree():
     assert [p["containerPort"] for p in sidecar["ports"]] == [port]
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
-    assert any(e.get("value") == f"http://127.0.0.1:{port}/v1" for c in pod["spec"]["containers"] for e in c.get("env", []))
+    assert any(
+        e.get("value") == f"http://127.0.0.1:{port}/v1" for c in pod["spec"]["containers"] for e in c.get("env", [])
+    )
     secret_refs = [e["valueFrom"]["secretKeyRef"] for e in sidecar["env"] if "valueFrom" in e]
     secrets = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Secret"}
     for ref in secret_refs:
@@ -140,7 +156,8 @@ def test_ports_and_addresses_agree():
 def test_alert_rules_name_only_metrics_the_server_exports(live_server, tiny_engine, redis_url):
     rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
     assert {"AdaptiveSpecAcceptanceDrift", "AdaptiveSpecNoTraffic", "AdaptiveSpecRequestsFailing"} <= {
-        r["alert"] for r in rules}
+        r["alert"] for r in rules
+    }
     for rule in rules:
         assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
         assert rule["labels"]["severity"] in {"info", "warning", "critical"} and rule["annotations"]["summary"]
@@ -148,8 +165,9 @@ def test_alert_rules_name_only_metrics_the_server_exports(live_server, tiny_engi
     assert "adaptive_spec:drift_alert" in used
     with live_server(tiny_engine, redis_url=redis_url) as server:
         model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-        httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": [1, 2, 3], "max_tokens": 4},
-                   timeout=60).raise_for_status()
+        httpx.post(
+            server.url + "/v1/completions", json={"model": model, "prompt": [1, 2, 3], "max_tokens": 4}, timeout=60
+        ).raise_for_status()
         exposition = httpx.get(server.url + "/metrics").text
     exported = set()
     for line in exposition.splitlines():

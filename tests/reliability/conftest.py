@@ -1,7 +1,7 @@
 """Fixtures for the fault, fuzz, load and security tests (helpers in support.py).
 
-    with serve_process(env={"REDIS_URL": redis_server.url}) as server:   # `adaptive-spec serve` as a child
-        ...
+with serve_process(env={"REDIS_URL": redis_server.url}) as server:   # `adaptive-spec serve` as a child
+    ...
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py (--import-mode=importlib adds no test dir)
-from support import ServeProcess  # noqa: E402
+from support import ServeProcess
 
 # `tiny_model_dir` (the tiny Llama and chat tokenizer saved once per session) is in tests/conftest.py.
 

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from service.local_redis import RedisServer, free_port
 
@@ -30,8 +29,8 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "adaptive_spec"))  # tiny.py (--import-mode=importlib adds no test dir)
 sys.path.insert(0, str(TESTS / "service"))  # tiny_chat.py
 sys.path.insert(0, str(TESTS))  # registry_support.py, importable by the tests here
-from tiny import tiny_target  # noqa: E402, F401  (re-exported for the tests here)
 from polling import wait_for as eventually  # noqa: E402, F401  (re-exported for the tests here)
+from tiny import tiny_target  # noqa: E402, F401  (re-exported for the tests here)
 
 MODEL = "tiny"  # ADAPTIVE_SPEC_SERVED_MODEL_NAME of every server started here
 # Variables of the machine that would leak into a child and change what it talks to.
@@ -54,8 +53,14 @@ class ChildProcess:
 
     def launch(self) -> None:
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
-                                        stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=self.workdir,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
     def wait_until(self, ready, timeout: float, what: str) -> None:
         """Poll `ready()` until true; fail with the log's tail if the process exits or time runs out."""
@@ -93,19 +98,43 @@ class ChildProcess:
 class ServeProcess(ChildProcess):
     """`python -m adaptive_spec.cli serve` on a tiny model directory and a free loopback port."""
 
-    def __init__(self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str],
-                 verbose: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str], verbose: bool = False
+    ) -> None:
         """verbose: `adaptive-spec -v serve`, which logs at INFO (the settings, swaps, the writer's state)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "adaptive_spec.cli", *(["-v"] if verbose else []), "serve",
-                   "--target", str(model_dir),
-                   "--draft", "early-exit:1", "--k", "3", "--dtype", "fp32", "--device", "cpu",
-                   "--data-dir", str(workdir / "data"), *args]
+        command = [
+            sys.executable,
+            "-m",
+            "adaptive_spec.cli",
+            *(["-v"] if verbose else []),
+            "serve",
+            "--target",
+            str(model_dir),
+            "--draft",
+            "early-exit:1",
+            "--k",
+            "3",
+            "--dtype",
+            "fp32",
+            "--device",
+            "cpu",
+            "--data-dir",
+            str(workdir / "data"),
+            *args,
+        ]
         if "--port" not in args:
             command += ["--port", str(self.port)]
-        env = child_env(**{"ADAPTIVE_SPEC_SERVED_MODEL_NAME": MODEL, "ADAPTIVE_SPEC_MAX_TOKENS": "64",
-                           "ADAPTIVE_SPEC_RECORD_TOPK": "8", "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0", **env})
+        env = child_env(
+            **{
+                "ADAPTIVE_SPEC_SERVED_MODEL_NAME": MODEL,
+                "ADAPTIVE_SPEC_MAX_TOKENS": "64",
+                "ADAPTIVE_SPEC_RECORD_TOPK": "8",
+                "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0",
+                **env,
+            }
+        )
         super().__init__(command, workdir, env, f"serve-{self.port}")
 
     def start(self, timeout: float = 120.0) -> None:
@@ -128,12 +157,37 @@ class ServeProcess(ChildProcess):
 class TrainProcess(ChildProcess):
     """`python -m adaptive_spec.cli train` on a tiny model directory, early-exit:1, one thread."""
 
-    def __init__(self, workdir: Path, model_dir: Path, redis_url: str, args: list[str], name: str = "train",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path,
+        redis_url: str,
+        args: list[str],
+        name: str = "train",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = workdir / "data"
-        command = [sys.executable, "-m", "adaptive_spec.cli", "train", "--target", str(model_dir), "--draft",
-                   "early-exit:1", "--data-dir", str(self.data_dir), "--redis-url", redis_url, "--threads", "1",
-                   "--dtype", "fp32", "--device", "cpu", *args]
+        command = [
+            sys.executable,
+            "-m",
+            "adaptive_spec.cli",
+            "train",
+            "--target",
+            str(model_dir),
+            "--draft",
+            "early-exit:1",
+            "--data-dir",
+            str(self.data_dir),
+            "--redis-url",
+            redis_url,
+            "--threads",
+            "1",
+            "--dtype",
+            "fp32",
+            "--device",
+            "cpu",
+            *args,
+        ]
         super().__init__(command, workdir, child_env(**(env or {})), name)
 
     def start(self, timeout: float = 120.0) -> None:
@@ -145,8 +199,12 @@ def scrape(text: str, name: str, **labels: str) -> float:
     """The sum of the Prometheus samples called `name` whose labels include `labels`."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def kill_redis(server: RedisServer) -> None:
@@ -167,7 +225,7 @@ def listening_address(port: int) -> str:
             address, port_hex = local.split(":")
             if state == "0A" and int(port_hex, 16) == port:
                 if len(address) == 8:  # little-endian IPv4
-                    return ".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0))
+                    return ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
                 return "::" if set(address) == {"0"} else address
     raise AssertionError(f"nothing listens on port {port}")
 
@@ -175,16 +233,22 @@ def listening_address(port: int) -> str:
 class BackgroundLoad:
     """`service.loadtest.run_load` in a thread until the `with` block ends; `.report` afterwards.
 
-        with BackgroundLoad(server.url, users=2) as load:
-            ...  # break something
-        assert load.report.errors == 0
+    with BackgroundLoad(server.url, users=2) as load:
+        ...  # break something
+    assert load.report.errors == 0
     """
 
     def __init__(self, url: str, users: int = 2, max_tokens: int = 8, duration_s: float = 600.0) -> None:
         self.stop = threading.Event()
         self.report = None
-        self._kwargs = dict(users=users, duration_s=duration_s, model=MODEL, prompt=[5, 17, 33, 8, 5, 17],
-                            max_tokens=max_tokens, stop=self.stop)
+        self._kwargs = dict(
+            users=users,
+            duration_s=duration_s,
+            model=MODEL,
+            prompt=[5, 17, 33, 8, 5, 17],
+            max_tokens=max_tokens,
+            stop=self.stop,
+        )
         self._thread = threading.Thread(target=self._run, args=(url,), name="background-load")
 
     def _run(self, url: str) -> None:

@@ -26,7 +26,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL  # noqa: E402
+from support import MODEL
 
 pytestmark = pytest.mark.redis
 
@@ -34,12 +34,20 @@ CASES_PER_OPERATION_AND_MODE = 50
 TOKEN = "fuzz-admin-token"
 
 
-def fuzz_operation(operation, mode: GenerationMode, base_url: str, outcomes: Counter, slowest: list,
-                   served_model: str | None = None) -> None:
+def fuzz_operation(
+    operation, mode: GenerationMode, base_url: str, outcomes: Counter, slowest: list, served_model: str | None = None
+) -> None:
     """`served_model`: put the served model's name in every generated body, so cases get past the 404 for an
     unknown model and into the engine (the schema cannot say which name exists)."""
-    @settings(max_examples=CASES_PER_OPERATION_AND_MODE, deadline=None, database=None, derandomize=True,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+
+    @settings(
+        max_examples=CASES_PER_OPERATION_AND_MODE,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case):
         if served_model is not None and isinstance(case.body, dict):
@@ -50,8 +58,8 @@ def fuzz_operation(operation, mode: GenerationMode, base_url: str, outcomes: Cou
         outcomes[(operation.label, response.status_code)] += 1
         slowest[0] = max(slowest[0], took)
         assert response.status_code < 500, (
-            f"{operation.label} answered {response.status_code}: {response.text[:500]}\n"
-            f"{case.as_curl_command()}")
+            f"{operation.label} answered {response.status_code}: {response.text[:500]}\n{case.as_curl_command()}"
+        )
 
     try:
         check()
@@ -62,8 +70,12 @@ def fuzz_operation(operation, mode: GenerationMode, base_url: str, outcomes: Cou
 
 
 def test_openapi_fuzz_finds_no_5xx_and_no_hang(serve_process, redis_url, tmp_path):
-    env = {"REDIS_URL": redis_url, "ADAPTIVE_SPEC_ADMIN_TOKEN": TOKEN,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "ADAPTIVE_SPEC_MAX_TOKENS": "16"}
+    env = {
+        "REDIS_URL": redis_url,
+        "ADAPTIVE_SPEC_ADMIN_TOKEN": TOKEN,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "ADAPTIVE_SPEC_MAX_TOKENS": "16",
+    }
     outcomes: Counter = Counter()
     slowest = [0.0]
     with serve_process(env=env) as server:
@@ -84,10 +96,15 @@ def test_openapi_fuzz_finds_no_5xx_and_no_hang(serve_process, redis_url, tmp_pat
         by_operation[label] += count
         print(f"  {label}: {status} x{count}")
     total = sum(outcomes.values())
-    print(f"\nfuzz: {total} cases over {len(operations)} operations in {elapsed:.1f} s; slowest response "
-          f"{slowest[0]:.2f} s; statuses {dict(Counter(status for _, status in outcomes.elements()))}")
-    assert {op.label for op in operations} >= {"POST /v1/chat/completions", "POST /v1/completions",
-                                               "POST /admin/adapters/promote"}
+    print(
+        f"\nfuzz: {total} cases over {len(operations)} operations in {elapsed:.1f} s; slowest response "
+        f"{slowest[0]:.2f} s; statuses {dict(Counter(status for _, status in outcomes.elements()))}"
+    )
+    assert {op.label for op in operations} >= {
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /admin/adapters/promote",
+    }
     assert all(by_operation[op.label] > 0 for op in operations)
     assert max(status for _, status in outcomes if isinstance(status, int)) < 500
     generated = outcomes[("POST /v1/chat/completions", 200)] + outcomes[("POST /v1/completions", 200)]

@@ -16,19 +16,34 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_support import write_adapter  # noqa: E402
-from support import BackgroundLoad, child_env, eventually, kill_redis, tiny_target  # noqa: E402
+from registry_support import write_adapter
+from support import BackgroundLoad, child_env, eventually, kill_redis, tiny_target
 
-from trainer.registry import AdapterRegistry  # noqa: E402
+from trainer.registry import AdapterRegistry
 
 pytestmark = pytest.mark.redis
 
 
 def test_bench_load_command_reports_no_errors(serve_process, redis_url, tmp_path):
     with serve_process(env={"REDIS_URL": redis_url}) as server:
-        command = [sys.executable, "-m", "adaptive_spec.cli", "bench-load", "--url", server.url, "--users", "4",
-                   "--duration-s", "5", "--max-tokens", "16", "--prompt", "Name three rivers.", "--json",
-                   str(tmp_path / "load.json")]
+        command = [
+            sys.executable,
+            "-m",
+            "adaptive_spec.cli",
+            "bench-load",
+            "--url",
+            server.url,
+            "--users",
+            "4",
+            "--duration-s",
+            "5",
+            "--max-tokens",
+            "16",
+            "--prompt",
+            "Name three rivers.",
+            "--json",
+            str(tmp_path / "load.json"),
+        ]
         done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
     print("\n" + done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -40,8 +55,10 @@ def test_bench_load_command_reports_no_errors(serve_process, redis_url, tmp_path
 
 def test_load_through_adapter_swaps_and_a_redis_restart(serve_process, redis_server, tiny_model_dir, tmp_path):
     target = tiny_target(0)
-    adapters = [write_adapter(target, 1, tmp_path / f"v000{i}", seed=i, version=i, target_id=str(tiny_model_dir))
-                for i in (1, 2)]
+    adapters = [
+        write_adapter(target, 1, tmp_path / f"v000{i}", seed=i, version=i, target_id=str(tiny_model_dir))
+        for i in (1, 2)
+    ]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     registry = AdapterRegistry(store, data_dir=tmp_path, redis_url=redis_server.url)
     env = {"REDIS_URL": redis_server.url, "MLFLOW_TRACKING_URI": store, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0.5"}
@@ -57,8 +74,9 @@ def test_load_through_adapter_swaps_and_a_redis_restart(serve_process, redis_ser
             registry.register(adapters[1], by="test")  # its pub/sub event goes to a fresh Redis
             eventually(lambda: server.health()["adapter_version"] == "2", 30, "the swap to version 2")
             time.sleep(2)
-        counts = eventually(lambda: (c := server.health()["correction_log"])["queue_depth"] == 0 and c, 15,
-                            "the writer to drain")
+        counts = eventually(
+            lambda: (c := server.health()["correction_log"])["queue_depth"] == 0 and c, 15, "the writer to drain"
+        )
         swaps = server.metric("adaptive_spec:adapter_swaps_total")
     report = load.report
     print(f"\n{report.summary()}\ncorrection log: {counts}; swaps {swaps:.0f}")

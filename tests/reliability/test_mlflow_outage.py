@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_support import MlflowServer, write_adapter  # noqa: E402
-from support import BackgroundLoad, eventually, tiny_target  # noqa: E402
+from registry_support import MlflowServer, write_adapter
+from support import BackgroundLoad, eventually, tiny_target
 
-from trainer.registry import AdapterRegistry, PendingRegistrations  # noqa: E402
+from trainer.registry import AdapterRegistry, PendingRegistrations
 
 pytestmark = pytest.mark.redis
 
@@ -32,8 +32,10 @@ pytestmark = pytest.mark.redis
 def test_promotion_during_an_mlflow_outage_lands_when_it_returns(serve_process, redis_url, tiny_model_dir,
                                                                  tmp_path):  # fmt: skip
     target = tiny_target(0)
-    adapters = [write_adapter(target, 1, tmp_path / f"v000{i}", seed=i, version=i, target_id=str(tiny_model_dir))
-                for i in (1, 2)]
+    adapters = [
+        write_adapter(target, 1, tmp_path / f"v000{i}", seed=i, version=i, target_id=str(tiny_model_dir))
+        for i in (1, 2)
+    ]
     mlflow = MlflowServer(tmp_path)
     mlflow.start()
     try:
@@ -44,14 +46,18 @@ def test_promotion_during_an_mlflow_outage_lands_when_it_returns(serve_process, 
             eventually(lambda: server.health()["adapter_version"] == "1", 30, "the server to serve version 1")
             with BackgroundLoad(server.url) as load:
                 mlflow.stop()
-                pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test",
-                                               retry_s=0.5).start()
+                pending = PendingRegistrations(
+                    registry, tmp_path / "pending.json", by="trainer:test", retry_s=0.5
+                ).start()
                 started = time.monotonic()
                 pending.submit(SimpleNamespace(path=adapters[1]))  # what the trainer's on_promote does
                 assert time.monotonic() - started < 0.5, "the trainer must not wait for MLflow"
                 eventually(lambda: pending.failures >= 2, 30, "the registration to be tried and retried")
-                eventually(lambda: server.metric("adaptive_spec:adapter_registry_errors_total") >= 1, 30,
-                           "the watcher to notice the outage")
+                eventually(
+                    lambda: server.metric("adaptive_spec:adapter_registry_errors_total") >= 1,
+                    30,
+                    "the watcher to notice the outage",
+                )
                 outage_errors = server.metric("adaptive_spec:adapter_registry_errors_total")
                 served_during_outage = server.health()["adapter_version"]
                 mlflow.start()
@@ -65,8 +71,10 @@ def test_promotion_during_an_mlflow_outage_lands_when_it_returns(serve_process, 
         mlflow.stop()
 
     report = load.report
-    print(f"\n{report.summary()}\nregistration attempts that failed: {pending.failures}; watcher registry errors "
-          f"during the outage: {outage_errors:.0f}; registered {pending.registered}; swaps {swaps:.0f}")
+    print(
+        f"\n{report.summary()}\nregistration attempts that failed: {pending.failures}; watcher registry errors "
+        f"during the outage: {outage_errors:.0f}; registered {pending.registered}; swaps {swaps:.0f}"
+    )
     assert served_during_outage == "1"
     assert report.errors == 0 and set(report.by_status) == {200}, report.as_dict()
     assert set(report.adapter_versions) == {"1", "2"}  # served 1 through the outage, then 2

@@ -22,7 +22,7 @@ from adaptive_spec.record import CORRECTION_STREAM
 from service.loadtest import run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, eventually, kill_redis  # noqa: E402
+from support import MODEL, eventually, kill_redis
 
 pytestmark = pytest.mark.redis
 
@@ -32,8 +32,16 @@ QUEUE = 8
 async def traffic_through_an_outage(server, redis_server, before_s: float, outage_s: float, after_s: float):
     """Load for before + outage + after seconds; Redis is killed after `before_s` and restarted `outage_s` later.
     Returns the load report and the writer's counters just before the kill."""
-    load = asyncio.create_task(run_load(server.url, users=3, duration_s=before_s + outage_s + after_s, model=MODEL,
-                                        prompt=[5, 17, 33, 8, 5, 17], max_tokens=8))
+    load = asyncio.create_task(
+        run_load(
+            server.url,
+            users=3,
+            duration_s=before_s + outage_s + after_s,
+            model=MODEL,
+            prompt=[5, 17, 33, 8, 5, 17],
+            max_tokens=8,
+        )
+    )
     await asyncio.sleep(before_s)
     at_kill = (await asyncio.to_thread(server.health))["correction_log"]
     await asyncio.to_thread(kill_redis, redis_server)
@@ -46,13 +54,18 @@ def test_redis_killed_mid_traffic_then_restarted(serve_process, redis_server):
     with serve_process(env={"REDIS_URL": redis_server.url, "ADAPTIVE_SPEC_LOG_QUEUE_SIZE": str(QUEUE)}) as server:
         report, at_kill = asyncio.run(traffic_through_an_outage(server, redis_server, 3.0, 3.0, 3.0))
         served = report.by_status[200]
-        counts = eventually(lambda: (c := server.health()["correction_log"])["submitted"] == served
-                            and c["queue_depth"] == 0 and c, 15, "every record written or dropped")
+        counts = eventually(
+            lambda: (c := server.health()["correction_log"])["submitted"] == served and c["queue_depth"] == 0 and c,
+            15,
+            "every record written or dropped",
+        )
         dropped_metric = server.metric("adaptive_spec:correction_log_records_dropped_total")
         written_metric = server.metric("adaptive_spec:correction_log_records_written_total")
     in_redis = redis.Redis.from_url(redis_server.url).xlen(CORRECTION_STREAM)
-    print(f"\n{report.summary()}\nwriter at the kill: {at_kill}\nwriter at the end: {counts}; "
-          f"{in_redis} records in the restarted Redis")
+    print(
+        f"\n{report.summary()}\nwriter at the kill: {at_kill}\nwriter at the end: {counts}; "
+        f"{in_redis} records in the restarted Redis"
+    )
 
     assert report.errors == 0 and set(report.by_status) == {200}, report.as_dict()
     assert counts["written"] + counts["dropped"] == served  # nothing unaccounted for
@@ -61,4 +74,4 @@ def test_redis_killed_mid_traffic_then_restarted(serve_process, redis_server):
     assert counts["written"] > at_kill["written"] + at_kill["queue_depth"], "writing resumed after the restart"
     written_since = counts["written"] - at_kill["written"]
     # At-least-once: a batch applied just before the kill and retried may be counted once and stored twice.
-    assert 0 < in_redis and in_redis >= written_since - at_kill["queue_depth"]
+    assert in_redis > 0 and in_redis >= written_since - at_kill["queue_depth"]

@@ -32,7 +32,7 @@ from service.correction_log import PAYLOAD_FIELD
 from service.timeseries import EVENTS_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, ServeProcess, eventually, kill_redis, listening_address  # noqa: E402
+from support import MODEL, ServeProcess, eventually, kill_redis, listening_address
 
 pytestmark = pytest.mark.redis
 
@@ -59,8 +59,12 @@ def locked_down(tmp_path_factory, tiny_model_dir):
     workdir = tmp_path_factory.mktemp("locked-down")
     redis_server = started_server(workdir)
     require_password(redis_server, REDIS_PASSWORD)
-    env = {"REDIS_URL": f"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_server.port}/0", "ADAPTIVE_SPEC_ADMIN_TOKEN":
-           ADMIN_TOKEN, "ADAPTIVE_SPEC_API_KEY": API_KEY, "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}"}
+    env = {
+        "REDIS_URL": f"redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_server.port}/0",
+        "ADAPTIVE_SPEC_ADMIN_TOKEN": ADMIN_TOKEN,
+        "ADAPTIVE_SPEC_API_KEY": API_KEY,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+    }
     server = ServeProcess(workdir, tiny_model_dir, env, args=[], verbose=True)  # no --host: the default
     server.start()
     try:
@@ -74,10 +78,16 @@ def test_tokens_are_compared_in_constant_time():
     """Both checks go through secrets.compare_digest (= hmac.compare_digest), and neither compares with ==."""
     for check in (deps.require_admin, deps.require_api_key):
         tree = ast.parse(inspect.getsource(check))
-        calls = [node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 and isinstance(node.func, ast.Attribute)]
-        equalities = [node for node in ast.walk(tree) if isinstance(node, ast.Compare)
-                      and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)]
+        calls = [
+            node.func.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        ]
+        equalities = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)
+        ]
         assert "compare_digest" in calls, check.__name__
         assert not equalities, f"{check.__name__} compares with ==: {[ast.unparse(e) for e in equalities]}"
 
@@ -85,8 +95,15 @@ def test_tokens_are_compared_in_constant_time():
 def test_admin_refuses_without_the_token_and_nothing_moves(locked_down):
     server, _ = locked_down
     url = server.url + "/admin/adapters"
-    for headers in ({}, {"Authorization": "Bearer"}, bearer("wrong"), bearer(ADMIN_TOKEN[:-1]), bearer(ADMIN_TOKEN + "x"),
-                    bearer(API_KEY), {"Authorization": ADMIN_TOKEN}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer"},
+        bearer("wrong"),
+        bearer(ADMIN_TOKEN[:-1]),
+        bearer(ADMIN_TOKEN + "x"),
+        bearer(API_KEY),
+        {"Authorization": ADMIN_TOKEN},
+    ):
         for method, path in (("GET", ""), ("POST", "/rollback"), ("POST", "/promote")):
             response = httpx.request(method, url + path, headers=headers, json={"version": "1"})
             assert response.status_code == 401, (headers, method, path, response.text)
@@ -153,8 +170,11 @@ def records_everywhere(client: redis.Redis) -> dict[bytes, bytes]:
         elif kind == b"string":
             parts = [client.get(key)]
         else:
-            parts = client.lrange(key, 0, -1) if kind == b"list" else list(client.zrange(key, 0, -1) if kind == b"zset"
-                                                                         else client.smembers(key))
+            parts = (
+                client.lrange(key, 0, -1)
+                if kind == b"list"
+                else list(client.zrange(key, 0, -1) if kind == b"zset" else client.smembers(key))
+            )
         held[key] = b"\n".join(parts)
     return held
 
@@ -164,17 +184,25 @@ def test_opted_out_requests_leave_no_trace_in_redis(serve_process, redis_server)
     with serve_process(env={"REDIS_URL": redis_server.url}) as server:
         private = {**BODY, "adaptive_spec": {"log": False, "domain": "private-tag"}}
         ids = [httpx.post(server.url + "/v1/completions", json=private).headers["x-request-id"] for _ in range(5)]
-        eventually(lambda: server.metric("adaptive_spec:request_success_total", domain="private-tag") == 5, 10,
-                   "the opted-out requests to finish")
+        eventually(
+            lambda: server.metric("adaptive_spec:request_success_total", domain="private-tag") == 5,
+            10,
+            "the opted-out requests to finish",
+        )
         time.sleep(2.5)  # the dashboard store flushes every second; the writer at once
         after_private = records_everywhere(client)
 
         logged = httpx.post(server.url + "/v1/completions", json={**BODY, "adaptive_spec": {"domain": "shared-tag"}})
         eventually(lambda: client.xlen(CORRECTION_STREAM) == 1, 10, "the logged request's record")
-        eventually(lambda: any(b"shared-tag" in value for value in records_everywhere(client).values()), 10,
-                   "the logged request's dashboard counters")
-    print(f"\nafter 5 opted-out requests Redis held {len(after_private)} keys; after one logged request: "
-          f"{sorted(k.decode() for k in records_everywhere(client))}")
+        eventually(
+            lambda: any(b"shared-tag" in value for value in records_everywhere(client).values()),
+            10,
+            "the logged request's dashboard counters",
+        )
+    print(
+        f"\nafter 5 opted-out requests Redis held {len(after_private)} keys; after one logged request: "
+        f"{sorted(k.decode() for k in records_everywhere(client))}"
+    )
     assert after_private == {}, sorted(after_private)
     everything = b"".join(records_everywhere(client).values())
     assert logged.headers["x-request-id"].encode() in everything  # the control: a logged request is found

@@ -26,7 +26,7 @@ import redis
 from adaptive_spec.record import CORRECTION_STREAM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, eventually  # noqa: E402
+from support import MODEL, eventually
 
 IN_FLIGHT = 6
 BODY = {"model": MODEL, "prompt": [5, 17, 33, 8, 5, 17], "max_tokens": 64, "temperature": 0}
@@ -45,8 +45,11 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(serve_process,
         senders = [threading.Thread(target=send) for _ in range(IN_FLIGHT)]
         for sender in senders:
             sender.start()
-        eventually(lambda: (h := server.health())["requests_running"] + h["requests_waiting"] == IN_FLIGHT, 10,
-                   f"{IN_FLIGHT} requests in flight")
+        eventually(
+            lambda: (h := server.health())["requests_running"] + h["requests_waiting"] == IN_FLIGHT,
+            10,
+            f"{IN_FLIGHT} requests in flight",
+        )
         server.signal(signal.SIGTERM)
         signalled = time.monotonic()
         # uvicorn acts on the signal at its next tick (0.1 s): until it logs this, it still accepts and serves.
@@ -57,8 +60,13 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(serve_process,
             started = time.monotonic()
             try:
                 response = httpx.post(server.url + "/v1/completions", json=BODY, timeout=30)
-                new.append((response.status_code, response.json()["error"]["code"] if response.status_code != 200
-                            else None, time.monotonic() - started))
+                new.append(
+                    (
+                        response.status_code,
+                        response.json()["error"]["code"] if response.status_code != 200 else None,
+                        time.monotonic() - started,
+                    )
+                )
             except httpx.ConnectError:
                 new.append(("refused", None, time.monotonic() - started))
             time.sleep(0.05)
@@ -69,9 +77,11 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(serve_process,
 
     finished = [r for r in results if isinstance(r, httpx.Response) and r.status_code == 200]
     outcomes = sorted({outcome for outcome, _, _ in new}, key=str)
-    print(f"\nSIGTERM with {IN_FLIGHT} in flight: {len(finished)} finished with 200 "
-          f"({[len(r.json()['choices'][0]['token_ids']) for r in finished]} tokens); {len(new)} new requests "
-          f"while draining -> {outcomes}; exit {code} after {exited:.2f} s")
+    print(
+        f"\nSIGTERM with {IN_FLIGHT} in flight: {len(finished)} finished with 200 "
+        f"({[len(r.json()['choices'][0]['token_ids']) for r in finished]} tokens); {len(new)} new requests "
+        f"while draining -> {outcomes}; exit {code} after {exited:.2f} s"
+    )
     # uvicorn re-raises the signal once its graceful shutdown is done; service/server.py makes that a
     # no-op, so a drained server exits 0 (a supervisor must not see a crash).
     assert code == 0, server.log()[-3000:]

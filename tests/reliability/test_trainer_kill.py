@@ -24,13 +24,23 @@ from trainer.online import LATEST, _read_records
 from trainer.stream import PAYLOAD_FIELD, TRAINER_GROUP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import TrainProcess, eventually  # noqa: E402
+from support import TrainProcess, eventually
 
 pytestmark = pytest.mark.redis
 
 RECORDS = 240
-ARGS = ["--consumer", "trainer-1", "--min-new-records", "8", "--round-steps", "60", "--gate-min-positions", "48",
-        "--checkpoint-every-s", "1"]
+ARGS = [
+    "--consumer",
+    "trainer-1",
+    "--min-new-records",
+    "8",
+    "--round-steps",
+    "60",
+    "--gate-min-positions",
+    "48",
+    "--checkpoint-every-s",
+    "1",
+]
 
 
 def feed(client: redis.Redis, records: list[CorrectionRecord]) -> None:
@@ -44,9 +54,14 @@ def acknowledged(client: redis.Redis) -> set[str]:
     """Request ids of the entries the group delivered and that were acknowledged since."""
     (group,) = [g for g in client.xinfo_groups(CORRECTION_STREAM) if g["name"] == TRAINER_GROUP.encode()]
     delivered = client.xrange(CORRECTION_STREAM, "-", group["last-delivered-id"])
-    pending = {entry["message_id"] for entry in client.xpending_range(CORRECTION_STREAM, TRAINER_GROUP, "-", "+", 10_000)}
-    return {CorrectionRecord.decode(fields[PAYLOAD_FIELD]).request_id for entry_id, fields in delivered
-            if entry_id not in pending}
+    pending = {
+        entry["message_id"] for entry in client.xpending_range(CORRECTION_STREAM, TRAINER_GROUP, "-", "+", 10_000)
+    }
+    return {
+        CorrectionRecord.decode(fields[PAYLOAD_FIELD]).request_id
+        for entry_id, fields in delivered
+        if entry_id not in pending
+    }
 
 
 def checkpoint(data_dir: Path) -> tuple[set[str], dict] | None:
@@ -61,19 +76,26 @@ def checkpoint(data_dir: Path) -> tuple[set[str], dict] | None:
         return None
 
 
-def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(redis_server, tiny_model_dir, tmp_path,
-                                                                    make_record):
+def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(
+    redis_server, tiny_model_dir, tmp_path, make_record
+):
     client = redis.Redis.from_url(redis_server.url)
     records = [make_record(seed, n_out=24, m=8, vocab=112, request_id=f"req-{seed:04d}") for seed in range(RECORDS)]
     trainer = TrainProcess(tmp_path, tiny_model_dir, redis_server.url, ARGS, name="train-1")
     trainer.start()
     try:
         feed(client, records[:120])
-        eventually(lambda: (state := checkpoint(trainer.data_dir)) and state[1]["counters"]["rounds"] >= 1, 90,
-                   "a checkpoint after the first round")
+        eventually(
+            lambda: (state := checkpoint(trainer.data_dir)) and state[1]["counters"]["rounds"] >= 1,
+            90,
+            "a checkpoint after the first round",
+        )
         feed(client, records[120:200])  # the next polls read these; a round trains on them
-        eventually(lambda: client.xpending(CORRECTION_STREAM, TRAINER_GROUP)["pending"] > 0, 30,
-                   "entries read and not yet acknowledged")
+        eventually(
+            lambda: client.xpending(CORRECTION_STREAM, TRAINER_GROUP)["pending"] > 0,
+            30,
+            "entries read and not yet acknowledged",
+        )
         trainer.process.kill()  # SIGKILL: no handler, no last checkpoint
         assert trainer.wait(10) == -signal.SIGKILL
     finally:
@@ -82,8 +104,10 @@ def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(redis_server
     held_at_kill, state_at_kill = checkpoint(trainer.data_dir)
     acked = acknowledged(client)
     pending_at_kill = client.xpending(CORRECTION_STREAM, TRAINER_GROUP)["pending"]
-    print(f"\nSIGKILL: {len(acked)} acknowledged, {pending_at_kill} pending, checkpoint holds {len(held_at_kill)} "
-          f"records after {state_at_kill['counters']['rounds']} rounds")
+    print(
+        f"\nSIGKILL: {len(acked)} acknowledged, {pending_at_kill} pending, checkpoint holds {len(held_at_kill)} "
+        f"records after {state_at_kill['counters']['rounds']} rounds"
+    )
     assert pending_at_kill > 0
     assert acked <= held_at_kill, f"acknowledged but not checkpointed: {sorted(acked - held_at_kill)[:5]}"
 
@@ -92,9 +116,15 @@ def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(redis_server
     restarted.start()
     try:
         everything = {record.request_id for record in records}
-        eventually(lambda: (state := checkpoint(trainer.data_dir)) and state[0] == everything
-                   and client.xpending(CORRECTION_STREAM, TRAINER_GROUP)["pending"] == 0, 90,
-                   "every record checkpointed and acknowledged by the restarted trainer")
+        eventually(
+            lambda: (
+                (state := checkpoint(trainer.data_dir))
+                and state[0] == everything
+                and client.xpending(CORRECTION_STREAM, TRAINER_GROUP)["pending"] == 0
+            ),
+            90,
+            "every record checkpointed and acknowledged by the restarted trainer",
+        )
         restarted.signal(signal.SIGTERM)
         assert restarted.wait(60) == 0, restarted.log()[-3000:]
     finally:
@@ -102,9 +132,11 @@ def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(redis_server
 
     held, state = checkpoint(trainer.data_dir)
     log = restarted.log()
-    print(f"restart: {len(held)} records held, {state['counters']['records_consumed']} consumed, "
-          f"{state['counters']['duplicates']} duplicates, rounds {state_at_kill['counters']['rounds']} -> "
-          f"{state['counters']['rounds']}")
+    print(
+        f"restart: {len(held)} records held, {state['counters']['records_consumed']} consumed, "
+        f"{state['counters']['duplicates']} duplicates, rounds {state_at_kill['counters']['rounds']} -> "
+        f"{state['counters']['rounds']}"
+    )
     assert held == everything and acknowledged(client) == everything
     assert state["counters"]["records_consumed"] == RECORDS
     assert state["counters"]["rounds"] > state_at_kill["counters"]["rounds"]  # counters carried over, then grew

@@ -1,7 +1,7 @@
 """Fixtures for the HTTP service tests: tiny engines and live uvicorn servers on loopback.
 
-    with live_server(tiny_engine, queue_size=1) as server:   # Settings fields as keywords
-        httpx.post(server.url + "/v1/completions", json={...})
+with live_server(tiny_engine, queue_size=1) as server:   # Settings fields as keywords
+    httpx.post(server.url + "/v1/completions", json={...})
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from service.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib adds no test dir
-from tiny import tiny_target  # noqa: E402
-from tiny_chat import tiny_tokenizer  # noqa: E402
+from tiny import tiny_target
+from tiny_chat import tiny_tokenizer
 
 
 class LiveServer:

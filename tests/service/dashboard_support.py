@@ -1,7 +1,7 @@
 """Helpers for the dashboard tests: tiny LoRA adapters with gate figures, and traffic.
 
-    path = make_adapter(engine, tmp_path / "v1", seed=1, greedy_match=0.6)
-    service.load_adapter(path, "1", by="test")        # swap + dashboard marker with its gate figures
+path = make_adapter(engine, tmp_path / "v1", seed=1, greedy_match=0.6)
+service.load_adapter(path, "1", by="test")        # swap + dashboard marker with its gate figures
 """
 
 from __future__ import annotations
@@ -19,20 +19,34 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def make_adapter(target, layers: int, path: Path, seed: int, *, version: int, greedy_match: float,
-                 expected_acceptance: float) -> Path:
+def make_adapter(
+    target, layers: int, path: Path, seed: int, *, version: int, greedy_match: float, expected_acceptance: float
+) -> Path:
     """A random LoRA on a fresh early-exit draft, saved as the trainer saves it, with gate figures."""
     torch.manual_seed(seed)
-    peft_model = get_peft_model(build_early_exit(target, layers),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=MODULES, init_lora_weights=False))
+    peft_model = get_peft_model(
+        build_early_exit(target, layers), LoraConfig(r=4, lora_alpha=8, target_modules=MODULES, init_lora_weights=False)
+    )
     peft_model.save_pretrained(path)
     (path / CHECKSUM_FILE).write_text(f"{sha256_file(path / WEIGHTS_FILE)}  {WEIGHTS_FILE}\n")
-    (path / METADATA_FILE).write_text(json.dumps({
-        "version": version, "parent_version": version - 1 or None, "loss": 2.5 - 0.1 * version,
-        "gate": {"candidate": {"greedy_match": greedy_match, "expected_acceptance": expected_acceptance,
-                               "positions": 432},
-                 "champion": {"greedy_match": 0.05, "expected_acceptance": 0.04, "positions": 432},
-                 "reason": "candidate beats champion"}}))
+    (path / METADATA_FILE).write_text(
+        json.dumps(
+            {
+                "version": version,
+                "parent_version": version - 1 or None,
+                "loss": 2.5 - 0.1 * version,
+                "gate": {
+                    "candidate": {
+                        "greedy_match": greedy_match,
+                        "expected_acceptance": expected_acceptance,
+                        "positions": 432,
+                    },
+                    "champion": {"greedy_match": 0.05, "expected_acceptance": 0.04, "positions": 432},
+                    "reason": "candidate beats champion",
+                },
+            }
+        )
+    )
     return path
 
 
@@ -41,9 +55,16 @@ def send_traffic(url: str, requests: int, domain: str, seed: int = 0, max_tokens
     with httpx.Client(base_url=url, timeout=60) as client:
         for i in range(requests):
             prompt = [(seed * 7 + i * 3 + j) % 100 + 1 for j in range(8)]
-            response = client.post("/v1/completions", json={
-                "model": client.get("/v1/models").json()["data"][0]["id"], "prompt": prompt,
-                "max_tokens": max_tokens, "temperature": 0, "adaptive_spec": {"domain": domain}})
+            response = client.post(
+                "/v1/completions",
+                json={
+                    "model": client.get("/v1/models").json()["data"][0]["id"],
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "adaptive_spec": {"domain": domain},
+                },
+            )
             response.raise_for_status()
 
 

@@ -16,7 +16,6 @@ What must hold:
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,12 +23,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from polling import wait_for  # noqa: E402
-from registry_support import write_adapter  # noqa: E402
-from tiny import tiny_target  # noqa: E402
+from polling import wait_for
+from registry_support import write_adapter
+from tiny import tiny_target
 
-from adaptive_spec import Engine  # noqa: E402
-from trainer.registry import AdapterRegistry  # noqa: E402
+from adaptive_spec import Engine
+from trainer.registry import AdapterRegistry
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -54,8 +53,9 @@ def data_dir(tmp_path_factory, target) -> Path:
 @pytest.fixture(scope="module")
 def server(live_server, target, data_dir):
     """Finds the registry as `serve` does: the default mlflow.db in its data dir."""
-    with live_server(Engine(target, "early-exit:1", k=3), data_dir=data_dir, admin_token=TOKEN,
-                     adapter_poll_s=60.0) as server:
+    with live_server(
+        Engine(target, "early-exit:1", k=3), data_dir=data_dir, admin_token=TOKEN, adapter_poll_s=60.0
+    ) as server:
         wait_for(lambda: server.service.engine.adapter_version == "3", 10, "the initial champion")
         yield server
 
@@ -73,13 +73,20 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     return error
 
 
-ROUTES = [("GET", "/admin/adapters", None), ("POST", "/admin/adapters/rollback", None),
-          ("POST", "/admin/adapters/rollback", {"to": "1"}), ("POST", "/admin/adapters/promote", {"version": "1"})]
+ROUTES = [
+    ("GET", "/admin/adapters", None),
+    ("POST", "/admin/adapters/rollback", None),
+    ("POST", "/admin/adapters/rollback", {"to": "1"}),
+    ("POST", "/admin/adapters/promote", {"version": "1"}),
+]
 
 
 @pytest.mark.parametrize("method,path,body", ROUTES)
-@pytest.mark.parametrize("headers", [{}, auth("wrong-token"), auth(TOKEN + "x"), {"Authorization": f"Basic {TOKEN}"},
-                                     {"Authorization": "Bearer"}], ids=["none", "wrong", "longer", "basic", "empty"])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, auth("wrong-token"), auth(TOKEN + "x"), {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer"}],
+    ids=["none", "wrong", "longer", "basic", "empty"],
+)
 def test_refused_without_the_right_token_and_nothing_moves(server, method, path, body, headers):
     registry = server.service.registry
     before = registry.aliases()
@@ -93,8 +100,9 @@ def test_no_token_configured_refuses_everything(live_server, target, data_dir):
     with live_server(Engine(target, "early-exit:1", k=3), data_dir=data_dir, adapter_poll_s=0) as server:
         for method, path, body in ROUTES:
             for headers in ({}, auth(), auth("anything")):
-                error = assert_error(httpx.request(method, server.url + path, json=body, headers=headers), 403,
-                                     "admin_disabled")
+                error = assert_error(
+                    httpx.request(method, server.url + path, json=body, headers=headers), 403, "admin_disabled"
+                )
                 assert error["type"] == "permission_error"
 
 
@@ -131,15 +139,18 @@ def test_list_rollback_and_promote_with_the_token(server):
     assert [kind for kind, _, _ in server.service.watcher.swaps[-3:]] == ["rollback", "rollback", "swap"]
 
 
-@pytest.mark.parametrize("path,body,status,code", [
-    ("/admin/adapters/promote", {"version": "99"}, 404, "unknown_version"),
-    ("/admin/adapters/rollback", {"to": "99"}, 404, "unknown_version"),
-    ("/admin/adapters/promote", {}, 400, "missing_field"),
-    ("/admin/adapters/promote", {"version": "1", "extra": 1}, 400, None),
-    ("/admin/adapters/rollback", {"to": [1]}, 400, None),
-    ("/admin/adapters/promote", {"version": 10**30}, 400, None),  # was a 503: sqlite cannot hold it (fuzzer)
-    ("/admin/adapters/rollback", {"to": "v2"}, 400, None),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code",
+    [
+        ("/admin/adapters/promote", {"version": "99"}, 404, "unknown_version"),
+        ("/admin/adapters/rollback", {"to": "99"}, 404, "unknown_version"),
+        ("/admin/adapters/promote", {}, 400, "missing_field"),
+        ("/admin/adapters/promote", {"version": "1", "extra": 1}, 400, None),
+        ("/admin/adapters/rollback", {"to": [1]}, 400, None),
+        ("/admin/adapters/promote", {"version": 10**30}, 400, None),  # was a 503: sqlite cannot hold it (fuzzer)
+        ("/admin/adapters/rollback", {"to": "v2"}, 400, None),
+    ],
+)
 def test_bad_admin_requests_are_4xx(server, path, body, status, code):
     before = server.service.registry.aliases()
     assert_error(httpx.post(server.url + path, headers=auth(), json=body), status, code)

@@ -30,12 +30,12 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
+from polling import wait_for
 
 from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
 from service.app import create_app
 from service.correction_log import PAYLOAD_FIELD
 from service.settings import Settings
-from polling import wait_for
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.redis]  # the module server logs to Redis
 
@@ -43,8 +43,9 @@ PROMPT = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17]
 
 
 def client(server, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
-                         timeout=30, **kwargs)
+    return openai.OpenAI(
+        base_url=server.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, timeout=30, **kwargs
+    )
 
 
 def model_name(server) -> str:
@@ -53,6 +54,7 @@ def model_name(server) -> str:
 
 def idle(server) -> None:
     """Wait until the worker has finished its last job, after-request hooks (metrics, records) included."""
+
     def quiet():
         health = httpx.get(server.url + "/health").json()
         return health["requests_running"] == 0 and health["requests_waiting"] == 0
@@ -112,8 +114,7 @@ def chat_server(live_server, chat_engine):
 
 def test_completion_equals_the_target_alone(server, tiny_engine):
     expected = tiny_engine.generate(PROMPT, max_new_tokens=24, speculative=False).token_ids
-    response = client(server).completions.create(model=model_name(server), prompt=PROMPT, max_tokens=24,
-                                                 temperature=0)
+    response = client(server).completions.create(model=model_name(server), prompt=PROMPT, max_tokens=24, temperature=0)
     choice = response.choices[0]
     assert choice.model_extra["token_ids"] == expected
     assert choice.finish_reason == "length"
@@ -127,8 +128,13 @@ def test_completion_equals_the_target_alone(server, tiny_engine):
 
 def test_speculative_false_is_the_target_alone(server, tiny_engine):
     expected = tiny_engine.generate(PROMPT, max_new_tokens=16, speculative=False).token_ids
-    response = client(server).completions.create(model=model_name(server), prompt=PROMPT, max_tokens=16,
-                                                 temperature=0, extra_body={"adaptive_spec": {"speculative": False}})
+    response = client(server).completions.create(
+        model=model_name(server),
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"adaptive_spec": {"speculative": False}},
+    )
     assert response.choices[0].model_extra["token_ids"] == expected
     spec = response.usage.model_extra["spec_decode"]
     assert spec["num_draft_tokens"] == 0 and spec["mean_acceptance_length"] == 1.0
@@ -136,9 +142,16 @@ def test_speculative_false_is_the_target_alone(server, tiny_engine):
 
 def test_streamed_completion_with_usage(server, tiny_engine):
     expected = tiny_engine.generate(PROMPT[:6], max_new_tokens=30, speculative=False).token_ids
-    chunks = list(client(server).completions.create(model=model_name(server), prompt=PROMPT[:6], max_tokens=30,
-                                                    temperature=0, stream=True,
-                                                    stream_options={"include_usage": True}))
+    chunks = list(
+        client(server).completions.create(
+            model=model_name(server),
+            prompt=PROMPT[:6],
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = [t for chunk in chunks for choice in chunk.choices for t in choice.model_extra["token_ids"]]
     assert streamed == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -162,9 +175,15 @@ def test_raw_stream_ends_with_done(server):
 
 def test_sampling_with_a_seed_is_reproducible(server):
     def sample():
-        response = client(server).completions.create(model=model_name(server), prompt=PROMPT, max_tokens=16,
-                                                     temperature=0.9, top_p=0.95, seed=7,
-                                                     extra_body={"top_k": 20})
+        response = client(server).completions.create(
+            model=model_name(server),
+            prompt=PROMPT,
+            max_tokens=16,
+            temperature=0.9,
+            top_p=0.95,
+            seed=7,
+            extra_body={"top_k": 20},
+        )
         return response.choices[0].model_extra["token_ids"]
 
     assert sample() == sample()
@@ -196,8 +215,9 @@ def test_chat_stop_string_is_cut_streamed_or_not(chat_server, chat_engine):
     response = chat.create(model="tiny-chat", messages=messages, max_tokens=24, temperature=0, stop=[stop])
     assert response.choices[0].message.content == want
     assert response.choices[0].finish_reason == "stop"
-    chunks = list(chat.create(model="tiny-chat", messages=messages, max_tokens=24, temperature=0, stop=stop,
-                              stream=True))
+    chunks = list(
+        chat.create(model="tiny-chat", messages=messages, max_tokens=24, temperature=0, stop=stop, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
 
 
@@ -212,22 +232,38 @@ def test_models_health_and_metrics(server, tiny_engine):
 
     idle(server)
     drafted = metric(server, "adaptive_spec:spec_decode_num_draft_tokens_total")
-    response = httpx.post(server.url + "/v1/completions", json={
-        "model": tiny_engine.target_id, "prompt": PROMPT, "max_tokens": 20, "temperature": 0,
-        "adaptive_spec": {"domain": "metrics-test", "log": False}}).json()
+    response = httpx.post(
+        server.url + "/v1/completions",
+        json={
+            "model": tiny_engine.target_id,
+            "prompt": PROMPT,
+            "max_tokens": 20,
+            "temperature": 0,
+            "adaptive_spec": {"domain": "metrics-test", "log": False},
+        },
+    ).json()
     idle(server)
     spec = response["usage"]["spec_decode"]
     assert metric(server, "adaptive_spec:spec_decode_num_draft_tokens_total") == drafted + spec["num_draft_tokens"]
-    assert metric(server, "adaptive_spec:spec_decode_num_accepted_tokens_total", domain="metrics-test",
-                  adapter_version="base") == spec["num_accepted_tokens"]
+    assert (
+        metric(
+            server, "adaptive_spec:spec_decode_num_accepted_tokens_total", domain="metrics-test", adapter_version="base"
+        )
+        == spec["num_accepted_tokens"]
+    )
     assert metric(server, "adaptive_spec:spec_decode_num_drafts_total", domain="metrics-test") == spec["num_drafts"]
     per_pos = metric(server, "adaptive_spec:spec_decode_num_accepted_tokens_per_pos_total", domain="metrics-test")
     assert per_pos == spec["num_accepted_tokens"]
     assert metric(server, "adaptive_spec:request_success_total", domain="metrics-test", finished_reason="length") == 1
     assert metric(server, "adaptive_spec:adapter_version") == 0
     text = httpx.get(server.url + "/metrics").text
-    for name in ("correction_log_records_written_total", "correction_log_records_dropped_total",
-                 "correction_log_queue_depth", "num_requests_waiting", "num_requests_running"):
+    for name in (
+        "correction_log_records_written_total",
+        "correction_log_records_dropped_total",
+        "correction_log_queue_depth",
+        "num_requests_waiting",
+        "num_requests_running",
+    ):
         assert f"adaptive_spec:{name}" in text
 
 
@@ -287,23 +323,30 @@ def test_bad_chat_requests(chat_server, what, changes, status, param):
 
 def test_protocol_level_errors(server):
     url = server.url + "/v1/completions"
-    assert_error(httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"}), 400,
-                 code="invalid_json")
+    assert_error(
+        httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"}), 400, code="invalid_json"
+    )
     assert_error(httpx.post(url), 400)
     big = b'{"prompt": "' + b"x" * (1 << 20) + b'"}'
-    assert_error(httpx.post(url, content=big, headers={"content-type": "application/json"}), 413,
-                 code="body_too_large")
-    chunked = iter([big[: 1 << 19], big[1 << 19:]])  # no Content-Length: counted as it arrives
-    assert_error(httpx.post(url, content=chunked, headers={"content-type": "application/json"}), 413,
-                 code="body_too_large")
+    assert_error(httpx.post(url, content=big, headers={"content-type": "application/json"}), 413, code="body_too_large")
+    chunked = iter([big[: 1 << 19], big[1 << 19 :]])  # no Content-Length: counted as it arrives
+    assert_error(
+        httpx.post(url, content=chunked, headers={"content-type": "application/json"}), 413, code="body_too_large"
+    )
     assert_error(httpx.post(url, json={"model": "gpt-4", "prompt": PROMPT}), 404, "model", "model_not_found")
     assert_error(httpx.get(url), 405)
     assert_error(httpx.get(server.url + "/v1/nothing-here"), 404)
 
 
 def test_chat_without_a_tokenizer_is_a_clear_400(server):
-    error = assert_error(httpx.post(server.url + "/v1/chat/completions", json={
-        "model": model_name(server), "messages": [{"role": "user", "content": "hi"}]}), 400, "messages")
+    error = assert_error(
+        httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": model_name(server), "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        400,
+        "messages",
+    )
     assert "tokenizer" in error["message"]
 
 
@@ -361,8 +404,10 @@ def test_stuck_request_times_out(live_server, tiny_engine):
             started = time.monotonic()
             assert_error(httpx.post(server.url + "/v1/completions", json=body), 504, code="request_timeout")
             assert time.monotonic() - started < 3
-        wait_for(lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="timeout") == 1,
-                 what="the worker to stop the timed-out request")
+        wait_for(
+            lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="timeout") == 1,
+            what="the worker to stop the timed-out request",
+        )
         assert httpx.post(server.url + "/v1/completions", json=body).status_code == 200
 
 
@@ -374,16 +419,20 @@ def test_client_that_leaves_stops_its_generation(server, tiny_engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, json=body, timeout=0.5)
         time.sleep(0.5)  # the handler polls for a disconnect every 0.25 s
-    wait_for(lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="disconnect") == cancelled + 1,
-             what="the non-streaming request to be cancelled")
+    wait_for(
+        lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="disconnect") == cancelled + 1,
+        what="the non-streaming request to be cancelled",
+    )
 
     with httpx.stream("POST", url, json={**body, "stream": True}) as response:
         assert next(response.iter_lines()).startswith("data: ")
         tiny_engine.step_lock.acquire()  # mid-stream: the next step waits until the client is gone
     time.sleep(0.3)
     tiny_engine.step_lock.release()
-    wait_for(lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="disconnect") == cancelled + 2,
-             what="the streaming request to be cancelled")
+    wait_for(
+        lambda: metric(server, "adaptive_spec:requests_cancelled_total", reason="disconnect") == cancelled + 2,
+        what="the streaming request to be cancelled",
+    )
     assert httpx.get(server.url + "/health").json()["requests_running"] == 0
 
 
@@ -457,9 +506,14 @@ def test_creating_the_app_loads_no_model():
 
 
 def test_settings_from_the_environment_hide_secrets():
-    environ = {"ADAPTIVE_SPEC_PORT": "9001", "ADAPTIVE_SPEC_K": "3", "ADAPTIVE_SPEC_MAX_TOKENS": "64",
-               "REDIS_URL": "redis://:hunter2@localhost:6379/0", "ADAPTIVE_SPEC_API_KEY": "key-123",
-               "ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456"}
+    environ = {
+        "ADAPTIVE_SPEC_PORT": "9001",
+        "ADAPTIVE_SPEC_K": "3",
+        "ADAPTIVE_SPEC_MAX_TOKENS": "64",
+        "REDIS_URL": "redis://:hunter2@localhost:6379/0",
+        "ADAPTIVE_SPEC_API_KEY": "key-123",
+        "ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456",
+    }
     settings = Settings.from_env(environ, host="0.0.0.0")
     assert (settings.port, settings.k, settings.max_tokens_limit, settings.host) == (9001, 3, 64, "0.0.0.0")
     assert settings.redis_url == "redis://:hunter2@localhost:6379/0"

@@ -120,7 +120,9 @@ def test_stalled_redis_does_not_block_submit(redis_server, make_record):
     counts = assert_accounted(writer, 31)
     assert (counts["written"], counts["dropped"], counts["queue_depth"]) == (11, 20, 0)
     length = redis.Redis.from_url(redis_server.url).xlen(STREAM)
-    print(f"\nstalled Redis: {counts}; stream length {length}, the excess being batches that timed out but were applied")
+    print(
+        f"\nstalled Redis: {counts}; stream length {length}, the excess being batches that timed out but were applied"
+    )
     assert length >= counts["written"]  # at-least-once: never fewer, possibly duplicates
 
 

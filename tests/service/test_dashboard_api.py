@@ -1,19 +1,16 @@
 """The dashboard's JSON API and assets on a live server with a tiny engine and a real redis-server.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/service/test_dashboard_api.py -q
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/service/test_dashboard_api.py -q
 """
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+from dashboard_support import make_adapter, send_traffic, settle
+from tiny import tiny_target
 
 from adaptive_spec import Engine
-from dashboard_support import make_adapter, send_traffic, settle
-from polling import wait_for
-from tiny import tiny_target
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -24,10 +21,10 @@ def engine() -> Engine:
     return Engine(tiny_target(0), "early-exit:1", tokenizer=None, k=3, record_topk=8)
 
 
-def test_series_events_and_summary_follow_live_traffic_and_swaps(live_server, engine, redis_client, redis_url,
-                                                                 tmp_path):
-    v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.5,
-                      expected_acceptance=0.4)
+def test_series_events_and_summary_follow_live_traffic_and_swaps(
+    live_server, engine, redis_client, redis_url, tmp_path
+):
+    v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.5, expected_acceptance=0.4)
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path) as server:
         send_traffic(server.url, 3, "alpha")
         server.service.load_adapter(v1, "1", by="test")
@@ -54,8 +51,7 @@ def test_series_events_and_summary_follow_live_traffic_and_swaps(live_server, en
 
 def test_drift_alert_on_the_page_data_and_in_prometheus(live_server, engine, redis_url, redis_client, tmp_path):
     # The gate promised 0.95 first-token acceptance; a random adapter on a random model gets far less.
-    v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.95,
-                      expected_acceptance=0.9)
+    v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.95, expected_acceptance=0.9)
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path, drift_min_drafts=20) as server:
         server.service.load_adapter(v1, "1", by="test")
         metrics = httpx.get(server.url + "/metrics").text
@@ -67,18 +63,27 @@ def test_drift_alert_on_the_page_data_and_in_prometheus(live_server, engine, red
         assert drift["alert"] is True and drift["expected"] == pytest.approx(0.95)
         metrics = httpx.get(server.url + "/metrics").text
         assert "adaptive_spec:drift_alert 1.0" in metrics
-        window = next(line for line in metrics.splitlines()
-                      if line.startswith("adaptive_spec:first_token_acceptance_window "))
+        window = next(
+            line for line in metrics.splitlines() if line.startswith("adaptive_spec:first_token_acceptance_window ")
+        )
         assert float(window.split()[1]) == pytest.approx(drift["first_token_acceptance"])
 
 
-def test_a_swap_seen_only_by_the_request_path_is_marked_with_its_gate_figures(live_server, engine, redis_url,
-                                                                                redis_client, tmp_path):
+def test_a_swap_seen_only_by_the_request_path_is_marked_with_its_gate_figures(
+    live_server, engine, redis_url, redis_client, tmp_path
+):
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path) as server:
         send_traffic(server.url, 1, "a")
         # as the adapter watcher leaves it: downloaded into the data directory's cache, loaded on the engine
-        cached = make_adapter(engine.target, 1, tmp_path / "adapter-cache" / "v7-0123456789ab", seed=3, version=7,
-                              greedy_match=0.42, expected_acceptance=0.3)
+        cached = make_adapter(
+            engine.target,
+            1,
+            tmp_path / "adapter-cache" / "v7-0123456789ab",
+            seed=3,
+            version=7,
+            greedy_match=0.42,
+            expected_acceptance=0.3,
+        )
         engine.load_adapter(cached, "7")
         send_traffic(server.url, 1, "a")
         settle(server.service, 2)
@@ -88,8 +93,16 @@ def test_a_swap_seen_only_by_the_request_path_is_marked_with_its_gate_figures(li
         assert champion["gate"]["candidate"]["greedy_match"] == 0.42
 
 
-@pytest.mark.parametrize("query, param", [("from=10&to=5", "from"), ("step=7", "step"), ("from=abc", "query.from"),
-                                          ("from=0&to=40000000", "from"), ("step=10&from=0&to=86400", "step")])
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ("from=10&to=5", "from"),
+        ("step=7", "step"),
+        ("from=abc", "query.from"),
+        ("from=0&to=40000000", "from"),
+        ("step=10&from=0&to=86400", "step"),
+    ],
+)
 def test_bad_queries_get_a_400_in_openai_shape(live_server, tiny_engine, redis_url, query, param):
     with live_server(tiny_engine, redis_url=redis_url) as server:
         response = httpx.get(server.url + "/api/stats/series?" + query)
@@ -109,8 +122,12 @@ def test_page_and_vendored_assets_are_served(live_server, tiny_engine, redis_url
     with live_server(tiny_engine, redis_url=redis_url) as server:
         page = httpx.get(server.url + "/dashboard")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-        for src in ("/dashboard/static/vendor/uPlot.iife.min.js", "/dashboard/static/vendor/uPlot.min.css",
-                    "/dashboard/static/dashboard.js", "/dashboard/static/dashboard.css"):
+        for src in (
+            "/dashboard/static/vendor/uPlot.iife.min.js",
+            "/dashboard/static/vendor/uPlot.min.css",
+            "/dashboard/static/dashboard.js",
+            "/dashboard/static/dashboard.css",
+        ):
             assert src in page.text
             assert httpx.get(server.url + src).status_code == 200
         assert "http" not in page.text.replace("http-equiv", "")  # no external URL at all

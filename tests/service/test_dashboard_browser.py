@@ -16,18 +16,24 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from dashboard_support import make_adapter, send_traffic, settle
+from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.stats import RequestStats, StepStats
-from dashboard_support import make_adapter, send_traffic, settle
 from service.timeseries import StatsRecorder
-from tiny import tiny_target
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 LOAD_BUDGET_S = 1.0
 
 
@@ -75,8 +81,9 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
     v2 = make_adapter(engine.target, 1, tmp_path / "v2", seed=2, version=2, greedy_match=0.36, expected_acceptance=0.25)
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path) as server:
         service, served = server.service, 0
-        for phase, (action, domain) in enumerate([(None, "json"), ("swap v1", "json"), ("swap v2", "sql"),
-                                                  ("rollback v1", "sql")]):
+        for phase, (action, domain) in enumerate(
+            [(None, "json"), ("swap v1", "json"), ("swap v2", "sql"), ("rollback v1", "sql")]
+        ):
             if action == "swap v1":
                 service.load_adapter(v1, "1", by="test")
             elif action == "swap v2":
@@ -90,8 +97,10 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
 
         page = offline_page(browser)
         seconds = open_dashboard(page, server.url + "/dashboard")
-        state = page.evaluate("() => ({versions: window.dashboard.versionsDrawn, markers: window.dashboard.markersDrawn,"
-                              " error: window.dashboard.error})")
+        state = page.evaluate(
+            "() => ({versions: window.dashboard.versionsDrawn, markers: window.dashboard.markersDrawn,"
+            " error: window.dashboard.error})"
+        )
         chart = page.locator("#acceptance-chart")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
@@ -140,13 +149,17 @@ def test_24_hours_of_10_second_buckets_load_fast_offline(browser, live_server, t
             page.reload(wait_until="domcontentloaded")
             page.wait_for_function("window.dashboard && window.dashboard.loaded", timeout=30_000)
             timings.append(page.evaluate("window.dashboard.loadMs") / 1000)  # from navigation start
-        state = page.evaluate("() => ({versions: window.dashboard.versionsDrawn, markers: window.dashboard.markersDrawn,"
-                              " points: window.dashboard.series.t.length, step: window.dashboard.series.step,"
-                              " api_ms: performance.getEntriesByType('resource').filter(e => e.name.includes('/api/'))"
-                              ".map(e => e.name.split('?')[0].split('/').pop() + ' ' + Math.round(e.duration))})")
+        state = page.evaluate(
+            "() => ({versions: window.dashboard.versionsDrawn, markers: window.dashboard.markersDrawn,"
+            " points: window.dashboard.series.t.length, step: window.dashboard.series.step,"
+            " api_ms: performance.getEntriesByType('resource').filter(e => e.name.includes('/api/'))"
+            ".map(e => e.name.split('?')[0].split('/').pop() + ' ' + Math.round(e.duration))})"
+        )
         page.screenshot(path=str(ARTIFACTS / "dashboard-24h.png"), full_page=True)
-        print(f"\n24 h of 10 s buckets: page loads in {', '.join(f'{t * 1000:.0f}' for t in timings)} ms "
-              f"(navigation start to everything drawn); {state}")
+        print(
+            f"\n24 h of 10 s buckets: page loads in {', '.join(f'{t * 1000:.0f}' for t in timings)} ms "
+            f"(navigation start to everything drawn); {state}"
+        )
         assert state["step"] == 60 and state["points"] in (1440, 1441)  # 24 h read as minute buckets
         assert set(state["versions"]) == {"1", "2", "3"}
         assert state["markers"]["swap"] == 2 and state["markers"]["rollback"] == 1

@@ -22,12 +22,14 @@ def test_chat_on_the_default_model_equals_the_target_alone(live_server):
         expected = engine.generate(messages, max_new_tokens=32, speculative=False)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
-        response = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages, max_tokens=32,
-                                                  temperature=0)
+        response = client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages, max_tokens=32, temperature=0
+        )
         assert response.choices[0].message.content == expected.text
         spec = response.usage.model_extra["spec_decode"]
         assert response.usage.completion_tokens == len(expected.token_ids)
         assert spec["adapter_version"] is None and spec["mean_acceptance_length"] >= 1.0
-        streamed = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages, max_tokens=32,
-                                                  temperature=0, stream=True)
+        streamed = client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages, max_tokens=32, temperature=0, stream=True
+        )
         assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected.text

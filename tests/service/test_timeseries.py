@@ -12,16 +12,25 @@ import pytest
 import redis
 
 from adaptive_spec.stats import RequestStats, StepStats
-from service.timeseries import (ADAPTERS_KEY, EVENTS_KEY, FINE_RETENTION_CAP_S, MAX_PENDING_KEYS, DriftSettings,
-                                StatsRecorder, bucket_key, field_name)
+from service.timeseries import (
+    ADAPTERS_KEY,
+    EVENTS_KEY,
+    FINE_RETENTION_CAP_S,
+    MAX_PENDING_KEYS,
+    DriftSettings,
+    StatsRecorder,
+    bucket_key,
+    field_name,
+)
 
 pytestmark = pytest.mark.redis
 
 T0 = int(time.time() // 600 * 600) - 3600  # recent (within every retention), and a multiple of 600
 
 
-def request_stats(steps: list[tuple[int, int]], version: str | None = None, wall_s: float = 1.0,
-                  prefill_s: float = 0.2) -> RequestStats:
+def request_stats(
+    steps: list[tuple[int, int]], version: str | None = None, wall_s: float = 1.0, prefill_s: float = 0.2
+) -> RequestStats:
     """A request of decoding steps (drafted, accepted); each emits accepted + 1 tokens."""
     stats = RequestStats(adapter_version=version, wall_s=wall_s, prefill_s=prefill_s)
     for drafted, accepted in steps:
@@ -76,10 +85,16 @@ def test_the_bucket_under_way_is_read(redis_client, redis_url):
 
 def test_series_figures_follow_the_documented_formulas(redis_client, redis_url):
     stats = recorder(redis_url)
-    stats.record(request_stats([(4, 3)] * 10, "4", wall_s=0.7, prefill_s=0.2), domain="json", greedy=True,
-                 ended_at=T0 + 1)
-    stats.record(request_stats([(0, 0)] * 8, None, wall_s=0.5, prefill_s=0.1), domain=None, greedy=True,
-                 ended_at=T0 + 2, speculative=False)  # the target alone, in the same bucket
+    stats.record(
+        request_stats([(4, 3)] * 10, "4", wall_s=0.7, prefill_s=0.2), domain="json", greedy=True, ended_at=T0 + 1
+    )
+    stats.record(
+        request_stats([(0, 0)] * 8, None, wall_s=0.5, prefill_s=0.1),
+        domain=None,
+        greedy=True,
+        ended_at=T0 + 2,
+        speculative=False,
+    )  # the target alone, in the same bucket
     stats.flush()
     series = stats.series(T0, T0 + 60, step=10)
     assert series["t"] == [T0 + 10 * i for i in range(6)]
@@ -105,8 +120,9 @@ def test_speedup_is_null_without_target_alone_requests_in_the_bucket(redis_clien
     assert stats.series(T0, T0 + 60, step=60)["by_version"]["4"]["speedup"][0] is not None  # same minute
 
 
-@pytest.mark.parametrize("span, resolution, step", [(3600, 10, 10), (6 * 3600, 10, 10), (86400, 60, 60),
-                                                    (7 * 86400, 600, 600)])
+@pytest.mark.parametrize(
+    "span, resolution, step", [(3600, 10, 10), (6 * 3600, 10, 10), (86400, 60, 60), (7 * 86400, 600, 600)]
+)
 def test_resolution_fits_the_range(redis_url, span, resolution, step):
     stats = recorder(redis_url)
     now = time.time()
@@ -131,8 +147,10 @@ def test_buckets_expire_after_the_retention(redis_client, redis_url):
     stats = recorder(redis_url, retention_s=3 * 86400)
     stats.record(request_stats([(2, 1)], "1"), domain=None, greedy=True)
     stats.flush()
-    ttls = {int(key.decode().split(":")[-2]): redis_client.ttl(key)
-            for key in redis_client.scan_iter("adaptive_spec:stats:b:*")}
+    ttls = {
+        int(key.decode().split(":")[-2]): redis_client.ttl(key)
+        for key in redis_client.scan_iter("adaptive_spec:stats:b:*")
+    }
     assert set(ttls) == {10, 60, 600}
     assert FINE_RETENTION_CAP_S - 5 <= ttls[10] <= FINE_RETENTION_CAP_S  # 10 s buckets: capped at 2 days
     assert 3 * 86400 - 5 <= ttls[60] <= 3 * 86400 and 3 * 86400 - 5 <= ttls[600] <= 3 * 86400
@@ -150,8 +168,10 @@ def test_redis_down_never_raises_and_the_sums_arrive_when_it_returns(redis_serve
     redis_server.restart()
     assert stats.flush() is True
     client = redis.Redis.from_url(redis_server.url)
-    assert sum(float(client.hget(bucket_key(10, T0 + 10 * i), field_name("5", "x", "requests")) or 0)
-               for i in range(5)) == 50
+    assert (
+        sum(float(client.hget(bucket_key(10, T0 + 10 * i), field_name("5", "x", "requests")) or 0) for i in range(5))
+        == 50
+    )
     assert client.xlen(EVENTS_KEY) == 1
 
 
@@ -168,7 +188,10 @@ def test_observed_swap_is_marked_once_and_an_explicit_mark_supersedes_it(redis_c
     stats.observe_version(None)
     stats.flush()
     events = stats.events(0, time.time() + 1)
-    assert [(e["kind"], e["version"], e["by"]) for e in events] == [("swap", "1", "watcher"), ("rollback", "base", "ops")]
+    assert [(e["kind"], e["version"], e["by"]) for e in events] == [
+        ("swap", "1", "watcher"),
+        ("rollback", "base", "ops"),
+    ]
     with pytest.raises(ValueError):
         stats.mark("teleport", "1")
 
@@ -183,9 +206,15 @@ def test_markers_of_one_swap_on_several_replicas_merge(redis_client, redis_url):
 
 
 def gate_metadata(greedy_match: float, expected_acceptance: float) -> dict:
-    return {"version": 3, "loss": 1.5, "gate": {
-        "candidate": {"greedy_match": greedy_match, "expected_acceptance": expected_acceptance, "positions": 432},
-        "champion": {"greedy_match": 0.1, "expected_acceptance": 0.1, "positions": 432}, "reason": "gain"}}
+    return {
+        "version": 3,
+        "loss": 1.5,
+        "gate": {
+            "candidate": {"greedy_match": greedy_match, "expected_acceptance": expected_acceptance, "positions": 432},
+            "champion": {"greedy_match": 0.1, "expected_acceptance": 0.1, "positions": 432},
+            "reason": "gain",
+        },
+    }
 
 
 @pytest.mark.parametrize("accepted_first, alert", [(2, True), (5, False)])  # of 10 drafting steps per request

@@ -47,8 +47,20 @@ def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, t
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
     env.update(OMP_NUM_THREADS="1", ADAPTIVE_SPEC_SERVED_MODEL_NAME="tiny")
     log = tmp_path / "up.log"
-    command = [sys.executable, "-m", "adaptive_spec.cli", "up", "--port", str(port), "--data-dir",
-               str(tmp_path / "data"), "--target", str(tiny_model_dir), "--draft", "early-exit:1"]
+    command = [
+        sys.executable,
+        "-m",
+        "adaptive_spec.cli",
+        "up",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--target",
+        str(tiny_model_dir),
+        "--draft",
+        "early-exit:1",
+    ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     redis_pid = trainer_pid = None
@@ -59,8 +71,11 @@ def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, t
         assert re.search(rf"dashboard\s+http://127\.0\.0\.1:{port}/dashboard", log.read_text())
         assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'data' / 'mlflow.db'}" in log.read_text()
 
-        reply = httpx.post(banner.group(1), timeout=60, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0})
+        reply = httpx.post(
+            banner.group(1),
+            timeout=60,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0},
+        )
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
         assert _alive(redis_pid) and _alive(trainer_pid)

@@ -31,14 +31,14 @@ from mlflow import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from polling import wait_for  # noqa: E402
-from registry_support import write_adapter  # noqa: E402
-from tiny import tiny_target  # noqa: E402
+from polling import wait_for
+from registry_support import write_adapter
+from tiny import tiny_target
 
-from adaptive_spec import Engine  # noqa: E402
-from adaptive_spec.adapters import WEIGHTS_FILE  # noqa: E402
-from service.watcher import AdapterWatcher  # noqa: E402
-from trainer.registry import MODEL_NAME, AdapterRegistry  # noqa: E402
+from adaptive_spec import Engine
+from adaptive_spec.adapters import WEIGHTS_FILE
+from service.watcher import AdapterWatcher
+from trainer.registry import MODEL_NAME, AdapterRegistry
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -93,18 +93,23 @@ def metric(server, name: str, **labels) -> float:
 
 
 def complete(server, max_tokens: int = 24) -> dict:
-    response = httpx.post(server.url + "/v1/completions", timeout=60, json={
-        "model": "target", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0})
+    response = httpx.post(
+        server.url + "/v1/completions",
+        timeout=60,
+        json={"model": "target", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def test_a_promotion_is_followed_by_a_swap_in_a_running_server(live_server, target, adapters, registry, store,
-                                                               redis_url, tmp_path):
+def test_a_promotion_is_followed_by_a_swap_in_a_running_server(
+    live_server, target, adapters, registry, store, redis_url, tmp_path
+):
     engine = engine_for(target)
     expected = engine.generate(PROMPT, max_new_tokens=24, speculative=False).token_ids
-    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, redis_url=redis_url,
-                     adapter_poll_s=60.0) as server:
+    with live_server(
+        engine, mlflow_tracking_uri=store, data_dir=tmp_path, redis_url=redis_url, adapter_poll_s=60.0
+    ) as server:
         watcher = server.service.watcher
         wait_for(lambda: _subscribed(redis_url), 10, "the watcher to subscribe to adapter events")
         results, failures, stop = [], [], threading.Event()
@@ -113,7 +118,7 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(live_server, targ
             while not stop.is_set():
                 try:
                     results.append(complete(server))
-                except BaseException as exc:  # noqa: BLE001 - any failure fails the test
+                except BaseException as exc:
                     failures.append(exc)
 
         client = threading.Thread(target=traffic)
@@ -159,13 +164,16 @@ def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server,
         watcher.stop()
 
 
-def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(live_server, target, adapters, registry,
-                                                                            store, tmp_path):
+def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
+    live_server, target, adapters, registry, store, tmp_path
+):
     engine = engine_for(target)
     with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
         registry.register(adapters["good1"])
         wait_for(lambda: engine.adapter_version == "1", 10, "the first swap")
-        versions = {name: registry.register(adapters[name], promote=False) for name in ("corrupt", "missing", "bad_shape")}
+        versions = {
+            name: registry.register(adapters[name], promote=False) for name in ("corrupt", "missing", "bad_shape")
+        }
         versions["other_draft"] = _register_by_hand(registry, adapters["other_draft"])  # the registry refuses it
         corrupt = _artifact_dir(registry, versions["corrupt"]) / WEIGHTS_FILE
         data = bytearray(corrupt.read_bytes())
@@ -174,8 +182,12 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(live
         for path in _artifact_dir(registry, versions["missing"]).iterdir():
             path.unlink()
 
-        expected = {"corrupt": "checksum", "missing": "missing", "other_draft": "incompatible",
-                    "bad_shape": "incompatible"}
+        expected = {
+            "corrupt": "checksum",
+            "missing": "missing",
+            "other_draft": "incompatible",
+            "bad_shape": "incompatible",
+        }
         for name, reason in expected.items():
             before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
             registry.promote(versions[name], by="test")
@@ -195,9 +207,12 @@ def test_greedy_output_equals_the_target_alone_when_swaps_land_mid_generation(ta
     engine = engine_for(target)
     expected = engine.generate(PROMPT, max_new_tokens=48, speculative=False).token_ids
     watcher = AdapterWatcher(engine, registry, tmp_path / "cache")  # driven by hand: check() between steps
-    actions = {2: lambda: registry.register(adapters["good1"]), 5: lambda: registry.register(adapters["good2"]),
-               8: lambda: registry.rollback(by="test"), 11: lambda: registry.client.delete_registered_model_alias(
-                   registry.model_name, "champion")}
+    actions = {
+        2: lambda: registry.register(adapters["good1"]),
+        5: lambda: registry.register(adapters["good2"]),
+        8: lambda: registry.rollback(by="test"),
+        11: lambda: registry.client.delete_registered_model_alias(registry.model_name, "champion"),
+    }
     tokens, seen = [], []
     for step, chunk in enumerate(engine.stream(PROMPT, max_new_tokens=48, k=3)):
         tokens += chunk.token_ids
@@ -211,8 +226,9 @@ def test_greedy_output_equals_the_target_alone_when_swaps_land_mid_generation(ta
     assert [kind for kind, _, _ in watcher.swaps] == ["swap", "swap", "rollback", "rollback"]
 
 
-def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(live_server, target, adapters, registry, store,
-                                                                     tmp_path):
+def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(
+    live_server, target, adapters, registry, store, tmp_path
+):
     engine = engine_for(target)
     with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
         marks = []
@@ -227,8 +243,10 @@ def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(live_server
         registry.client.delete_registered_model_alias(registry.model_name, "champion")
         wait_for(lambda: len(marks) == 2, 10, "the unload")
         assert complete(server)["usage"]["spec_decode"]["adapter_version"] is None
-        assert marks == [("swap", "1", "trainer:test", ["adapter_dir"]), ("rollback", None, "mlflow-alias",
-                                                                          ["adapter_dir"])]
+        assert marks == [
+            ("swap", "1", "trainer:test", ["adapter_dir"]),
+            ("rollback", None, "mlflow-alias", ["adapter_dir"]),
+        ]
 
 
 def _register_by_hand(registry: AdapterRegistry, adapter_dir: Path) -> str:
@@ -240,10 +258,16 @@ def _register_by_hand(registry: AdapterRegistry, adapter_dir: Path) -> str:
     client = registry.client
     run = client.create_run(client.get_experiment_by_name("adaptive-spec").experiment_id)
     client.log_artifacts(run.info.run_id, str(adapter_dir), "adapter")
-    tags = {"target_id": metadata["target_id"], "draft_id": metadata["draft_id"],
-            "adapter_sha256": metadata["adapter_sha256"]}
-    return str(client.create_model_version(registry.model_name, run.info.artifact_uri + "/adapter",
-                                           run_id=run.info.run_id, tags=tags).version)
+    tags = {
+        "target_id": metadata["target_id"],
+        "draft_id": metadata["draft_id"],
+        "adapter_sha256": metadata["adapter_sha256"],
+    }
+    return str(
+        client.create_model_version(
+            registry.model_name, run.info.artifact_uri + "/adapter", run_id=run.info.run_id, tags=tags
+        ).version
+    )
 
 
 def _artifact_dir(registry: AdapterRegistry, version: str) -> Path:

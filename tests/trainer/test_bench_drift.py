@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama  # noqa: E402
+from tiny import llama
 
-from adaptive_spec import Engine  # noqa: E402
-from adaptive_spec.prompts import PromptItem  # noqa: E402
-from trainer.bench_drift import DriftSettings, format_report, run_drift  # noqa: E402
+from adaptive_spec import Engine
+from adaptive_spec.prompts import PromptItem
+from trainer.bench_drift import DriftSettings, format_report, run_drift
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -22,8 +22,9 @@ def test_a_short_run_reports_every_figure(redis_url, tmp_path, monkeypatch):
     engine = Engine(llama(0, vocab=64), "early-exit:1", eos_token_id=[], record_topk=8)
     rng = np.random.default_rng(0)
     items = [PromptItem(rng.integers(0, 16, 8).tolist()) for _ in range(40)]
-    settings = DriftSettings(budget_minutes=0.75, eval_prompts=6, max_new_tokens=12, train_tail_s=5,
-                             gate_min_positions=50, after_k=(2,))
+    settings = DriftSettings(
+        budget_minutes=0.75, eval_prompts=6, max_new_tokens=12, train_tail_s=5, gate_min_positions=50, after_k=(2,)
+    )
     figures = run_drift(engine, items, "tiny", settings, redis_url, tmp_path, progress=False)
 
     assert figures["before"]["identical"] is True and figures["after"]["identical"] is True

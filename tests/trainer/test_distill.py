@@ -44,7 +44,7 @@ from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama  # noqa: E402
+from tiny import llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -42,11 +42,11 @@ from trainer.stream import CorrectionStream
 
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama  # noqa: E402
-from traffic import greedy_records  # noqa: E402
+from tiny import llama
+from traffic import greedy_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from polling import wait_for  # noqa: E402
+from polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -69,8 +69,15 @@ def target():
 @pytest.fixture(scope="module")
 def records(target) -> list[CorrectionRecord]:
     """Greedy traffic served by the Engine (k = 1, early-exit:1), logged with the target's top-8."""
-    return greedy_records(target, RECORDS, domains=DOMAINS, domain_tokens=DOMAIN_TOKENS, prompt_len=PROMPT_LEN,
-                          new_tokens=NEW_TOKENS, top_m=TOP_M)
+    return greedy_records(
+        target,
+        RECORDS,
+        domains=DOMAINS,
+        domain_tokens=DOMAIN_TOKENS,
+        prompt_len=PROMPT_LEN,
+        new_tokens=NEW_TOKENS,
+        top_m=TOP_M,
+    )
 
 
 def append(client: redis.Redis, stream: str, records: list[CorrectionRecord]) -> None:
@@ -133,10 +140,13 @@ def test_trainer_promotes_an_adapter_that_beats_the_base_draft_on_held_out_traff
     trained = [result for result in learned.results if result.trained]
     print(f"\n{len(learned.results)} polls, {len(trained)} rounds in {trainer.train_s:.1f} s:")
     for result in learned.results:
-        print(f"  {result.reason}" if not result.trained else
-              f"  round {result.round}: loss {result.first_loss:.3f} -> {result.last_loss:.3f}, greedy match "
-              f"{result.champion.greedy_match:.3f} -> {result.candidate.greedy_match:.3f} over "
-              f"{result.candidate.positions} positions, promoted {result.promoted}")
+        print(
+            f"  {result.reason}"
+            if not result.trained
+            else f"  round {result.round}: loss {result.first_loss:.3f} -> {result.last_loss:.3f}, greedy match "
+            f"{result.champion.greedy_match:.3f} -> {result.candidate.greedy_match:.3f} over "
+            f"{result.candidate.positions} positions, promoted {result.promoted}"
+        )
     assert learned.written == RECORDS
     assert trainer.records_consumed == RECORDS and kept(trainer) == RECORDS
     assert trainer.tokens_consumed == RECORDS * NEW_TOKENS
@@ -209,8 +219,16 @@ def test_lr0_trainer_promotes_nothing(target, records, redis_client, tmp_path):
 
 def test_rejected_round_rolls_back_to_the_champion(target, records, redis_client, tmp_path):
     append(redis_client, "test:online:reject", records)
-    trainer = make_trainer(target, redis_client, "test:online:reject", "reject", tmp_path, round_steps=5,
-                           read_count=RECORDS, gate=Gate(min_positions=300, margin=1.0))  # nothing can pass
+    trainer = make_trainer(
+        target,
+        redis_client,
+        "test:online:reject",
+        "reject",
+        tmp_path,
+        round_steps=5,
+        read_count=RECORDS,
+        gate=Gate(min_positions=300, margin=1.0),
+    )  # nothing can pass
     before = {name: p.clone() for name, p in trainer.trainer.model.named_parameters() if p.requires_grad}
     assert trainer.poll(block_ms=0) == RECORDS
     result = trainer.train_round()

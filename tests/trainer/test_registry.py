@@ -28,17 +28,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from mlflow import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from registry_support import write_adapter  # noqa: E402
-from tiny import llama, tiny_target  # noqa: E402
+from registry_support import write_adapter
+from tiny import llama, tiny_target
 
-from adaptive_spec import cli  # noqa: E402
-from adaptive_spec.adapters import WEIGHTS_FILE, sha256_file  # noqa: E402
-from trainer.registry import (ADAPTER_EVENTS, MODEL_NAME, AdapterRegistry, PendingRegistrations,  # noqa: E402
-                              RegistryError, RegistryUnavailable)
+from adaptive_spec import cli
+from adaptive_spec.adapters import WEIGHTS_FILE, sha256_file
+from trainer.registry import (
+    ADAPTER_EVENTS,
+    MODEL_NAME,
+    AdapterRegistry,
+    PendingRegistrations,
+    RegistryError,
+    RegistryUnavailable,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -60,8 +65,9 @@ def backend(request, sqlite_dir) -> tuple[str, Path]:
 def adapters(tmp_path_factory) -> list[Path]:
     """Three adapters for a tiny early-exit:1 draft, as the trainer writes them (v0001..v0003)."""
     root, target = tmp_path_factory.mktemp("adapters"), tiny_target(0)
-    return [write_adapter(target, 1, root / f"v000{i}", seed=i, version=i, greedy_match=0.3 + 0.1 * i)
-            for i in (1, 2, 3)]
+    return [
+        write_adapter(target, 1, root / f"v000{i}", seed=i, version=i, greedy_match=0.3 + 0.1 * i) for i in (1, 2, 3)
+    ]
 
 
 def fresh(backend, redis_url=None) -> AdapterRegistry:
@@ -102,7 +108,9 @@ def test_registration_logs_everything_and_promotion_moves_both_aliases(backend, 
 
     events = [json.loads(m["data"]) for m in _messages(subscriber, 2)]
     assert [(e["event"], e["version"], e["from"], e["by"]) for e in events] == [
-        ("promote", "1", None, "trainer:test"), ("promote", "2", "1", "trainer:test")]
+        ("promote", "1", None, "trainer:test"),
+        ("promote", "2", "1", "trainer:test"),
+    ]
     subscriber.close()
 
 
@@ -186,7 +194,9 @@ def test_cli_lists_rolls_back_and_promotes(backend, adapters, capsys, monkeypatc
     assert "no version" in capsys.readouterr().err
 
 
-def test_promotions_wait_for_mlflow_and_land_when_it_returns(mlflow_server, adapters, redis_client, redis_url, tmp_path):
+def test_promotions_wait_for_mlflow_and_land_when_it_returns(
+    mlflow_server, adapters, redis_client, redis_url, tmp_path
+):
     """MLflow down while (a) PendingRegistrations gets two promotions in this process and (b) `adaptive-spec
     train` runs as a process, gets records, trains and promotes; MLflow back: everything lands, in order.
     Then SIGTERM: the trainer checkpoints and exits 0. (Last in the file: it stops the module's server.)"""
@@ -202,11 +212,35 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(mlflow_server, adap
     registry = AdapterRegistry(mlflow_server.url, data_dir=data_dir)  # the default name, as `train` uses it
     queued = AdapterRegistry(mlflow_server.url, data_dir=tmp_path, model_name=f"outage-{uuid.uuid4().hex[:8]}")
     mlflow_server.stop()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": mlflow_server.url, "REDIS_URL": redis_url,
-           "ADAPTIVE_SPEC_DATA_DIR": str(data_dir)}
-    command = [sys.executable, "-m", "adaptive_spec.cli", "train", "--target", str(target_dir), "--draft",
-               "early-exit:1", "--data-dir", str(data_dir), "--threads", "1", "--min-new-records", "16",
-               "--gate-min-positions", "150", "--round-steps", "40", "--checkpoint-every-s", "2"]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_TRACKING_URI": mlflow_server.url,
+        "REDIS_URL": redis_url,
+        "ADAPTIVE_SPEC_DATA_DIR": str(data_dir),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "adaptive_spec.cli",
+        "train",
+        "--target",
+        str(target_dir),
+        "--draft",
+        "early-exit:1",
+        "--data-dir",
+        str(data_dir),
+        "--threads",
+        "1",
+        "--min-new-records",
+        "16",
+        "--gate-min-positions",
+        "150",
+        "--round-steps",
+        "40",
+        "--checkpoint-every-s",
+        "2",
+    ]
     log_file = open(tmp_path / "train.log", "wb")
     process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
@@ -222,14 +256,33 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(mlflow_server, adap
         rng = np.random.default_rng(0)
         for i in range(160):  # a narrow domain: prompts over 16 tokens, greedy
             out = engine.generate(rng.integers(0, 16, 8).tolist(), max_new_tokens=16)
-            writer.submit(record_from_output(out, request_id=f"req-{i}", created_at=time.time(), domain="narrow",
-                                             target_id=str(target_dir), draft_id="early-exit:1", temperature=0.0))
+            writer.submit(
+                record_from_output(
+                    out,
+                    request_id=f"req-{i}",
+                    created_at=time.time(),
+                    domain="narrow",
+                    target_id=str(target_dir),
+                    draft_id="early-exit:1",
+                    temperature=0.0,
+                )
+            )
         writer.close(timeout=10)
-        _wait(lambda: (data_dir / "adapters" / "v0001").is_dir() or process.poll() is not None, 120,
-              "a promoted adapter", log=tmp_path / "train.log")
+        _wait(
+            lambda: (data_dir / "adapters" / "v0001").is_dir() or process.poll() is not None,
+            120,
+            "a promoted adapter",
+            log=tmp_path / "train.log",
+        )
         assert process.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
-        _wait(lambda: (data_dir / "registry-pending.json").is_file()
-              and json.loads((data_dir / "registry-pending.json").read_text()), 10, "the queued registration")
+        _wait(
+            lambda: (
+                (data_dir / "registry-pending.json").is_file()
+                and json.loads((data_dir / "registry-pending.json").read_text())
+            ),
+            10,
+            "the queued registration",
+        )
         assert pending.failures >= 2 and [Path(e["path"]).name for e in pending.pending()] == ["v0001", "v0002"]
     finally:
         mlflow_server.start()
@@ -237,8 +290,12 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(mlflow_server, adap
     assert pending.registered == ["1", "2"] and queued.aliases() == {"champion": "2", "previous": "1"}
     assert pending.stop() == 0
     try:
-        _wait(lambda: _champion(registry) is not None, 60, "the trainer's registration after MLflow returns",
-              log=tmp_path / "train.log")
+        _wait(
+            lambda: _champion(registry) is not None,
+            60,
+            "the trainer's registration after MLflow returns",
+            log=tmp_path / "train.log",
+        )
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -43,8 +43,8 @@ from trainer.registry import NOT_PROMOTED_TAG, OUTSIDE, AdapterRegistry, Pending
 from trainer.stream import CorrectionStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from tiny import llama  # noqa: E402
-from traffic import greedy_records  # noqa: E402
+from tiny import llama
+from traffic import greedy_records
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -53,8 +53,16 @@ RECORDS = 144
 SETTINGS = LoraSettings(batch_tokens=512)
 GATE = Gate(min_positions=300)  # margin 0.01
 # Rounds of 20 steps every 16 records: measured, versions 1 and 2 land after about 80 and 96 records.
-OPTIONS = dict(settings=SETTINGS, gate=GATE, holdout=HoldoutSplit(fraction=0.25), min_new_records=8, round_steps=20,
-               read_count=16, target_id="tiny-llama", draft_id="early-exit:1")
+OPTIONS = dict(
+    settings=SETTINGS,
+    gate=GATE,
+    holdout=HoldoutSplit(fraction=0.25),
+    min_new_records=8,
+    round_steps=20,
+    read_count=16,
+    target_id="tiny-llama",
+    draft_id="early-exit:1",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +73,15 @@ def target():
 @pytest.fixture(scope="module")
 def records(target) -> list[CorrectionRecord]:
     """Greedy traffic of a narrow domain served by the Engine (k = 1, early-exit:1), with the target's top-8."""
-    return greedy_records(target, RECORDS, domains=("json",), domain_tokens=DOMAIN_TOKENS, prompt_len=PROMPT_LEN,
-                          new_tokens=NEW_TOKENS, top_m=TOP_M)
+    return greedy_records(
+        target,
+        RECORDS,
+        domains=("json",),
+        domain_tokens=DOMAIN_TOKENS,
+        prompt_len=PROMPT_LEN,
+        new_tokens=NEW_TOKENS,
+        top_m=TOP_M,
+    )
 
 
 @dataclass
@@ -98,8 +113,14 @@ def setup(target, records, redis_client, tmp_path) -> Setup:
     pipe.execute()
     registry = AdapterRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}", data_dir=tmp_path,
                                model_name=f"draft-{uuid.uuid4().hex[:8]}")  # fmt: skip
-    return Setup(target, redis_client, stream, tmp_path, registry,
-                 PendingRegistrations(registry, tmp_path / "data" / "registry-pending.json", by="trainer:test"))
+    return Setup(
+        target,
+        redis_client,
+        stream,
+        tmp_path,
+        registry,
+        PendingRegistrations(registry, tmp_path / "data" / "registry-pending.json", by="trainer:test"),
+    )
 
 
 @dataclass
@@ -204,8 +225,14 @@ def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_
     # Checkpoint and resume: the adopted champion, its registry version and the map are kept.
     trainer.checkpoint()
     resumed = setup.trainer()
-    for name in ("champion_version", "champion_sha256", "registry_champion", "registry_versions", "adoptions",
-                 "next_version"):
+    for name in (
+        "champion_version",
+        "champion_sha256",
+        "registry_champion",
+        "registry_versions",
+        "adoptions",
+        "next_version",
+    ):
         assert getattr(resumed, name) == getattr(trainer, name), name
     assert same(lora(resumed), v1) and resumed.sync_registry() is False
 
@@ -230,7 +257,9 @@ def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_
         if round_.result.promoted:
             assert round_.result.candidate.greedy_match >= round_.result.champion.greedy_match + GATE.margin
             assert read_metadata(resumed.adapters_dir / f"v{round_.result.version:04d}")["parent_sha256"] in (
-                None, *[sha256_file(p / WEIGHTS_FILE) for p in resumed.adapters_dir.glob("v*")])
+                None,
+                *[sha256_file(p / WEIGHTS_FILE) for p in resumed.adapters_dir.glob("v*")],
+            )
 
 
 def test_promotion_queued_through_an_outage_does_not_land_on_a_rollback(setup, caplog, monkeypatch):
