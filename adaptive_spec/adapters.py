@@ -32,11 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-METADATA_FILE = "adaptive_spec_adapter.json"
-CHECKSUM_FILE = "checksum.sha256"
-VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose
+from adaptive_spec.contracts import CHECKSUM_FILE, CONFIG_FILE, METADATA_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from adaptive_spec.contracts import DATA_DIR_ENV, DEFAULT_DATA_DIR
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -35,7 +37,7 @@ class ModelLoadError(RuntimeError):
 
 def data_dir() -> Path:
     """Where adaptive-spec keeps its state: `$ADAPTIVE_SPEC_DATA_DIR`, else `./.adaptive-spec`."""
-    return Path(os.environ.get("ADAPTIVE_SPEC_DATA_DIR", ".adaptive-spec"))
+    return Path(os.environ.get(DATA_DIR_ENV, DEFAULT_DATA_DIR))
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -49,8 +49,6 @@ from typing import Any
 
 import numpy as np
 
-CORRECTION_STREAM = "adaptive_spec:corrections"  # Redis stream name shared across processes (DESIGN.md)
-
 MAGIC = b"ASCR"
 FORMAT_VERSION = 1
 FLAG_WIDE_IDS = 0x01  # token ids stored as uint32 instead of uint16

@@ -45,11 +45,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
+from adaptive_spec.record import CorrectionRecord
 
 log = logging.getLogger(__name__)
-
-PAYLOAD_FIELD = "r"  # each stream entry is {"r": record.encode()}
 
 
 class CorrectionLogWriter:

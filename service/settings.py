@@ -38,8 +38,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+from adaptive_spec.contracts import (
+    DEFAULT_DATA_DIR,
+    ENV_PREFIX,
+    MLFLOW_TRACKING_URI_ENV,
+    REDIS_URL_ENV,
+    redact_url,
+)
 from adaptive_spec.engine import DEFAULT_DRAFT
 from adaptive_spec.models import DEFAULT_MODEL
 
@@ -50,7 +56,7 @@ _SECRETS = ("api_key", "admin_token")
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
-    data_dir: Path = Path(".adaptive-spec")
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
     target: str = DEFAULT_MODEL
     draft: str = DEFAULT_DRAFT
     k: int | None = None  # None = dynamic k
@@ -106,7 +112,7 @@ class Settings:
         env = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):
-            name = "REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
+            name = _ENV_NAMES.get(f.name, ENV_PREFIX + f.name.upper())
             raw = env.get(name)
             if raw is None or raw.strip() == "":
                 continue
@@ -126,7 +132,11 @@ class Settings:
         return f"Settings({', '.join(shown)})"
 
 
-_ENV_NAMES = {"max_tokens_limit": "ADAPTIVE_SPEC_MAX_TOKENS", "mlflow_tracking_uri": "MLFLOW_TRACKING_URI"}
+_ENV_NAMES = {
+    "redis_url": REDIS_URL_ENV,
+    "mlflow_tracking_uri": MLFLOW_TRACKING_URI_ENV,
+    "max_tokens_limit": ENV_PREFIX + "MAX_TOKENS",
+}
 _INTS = {
     "port",
     "max_tokens_limit",
@@ -155,11 +165,3 @@ def _parse(field: str, raw: str, env_name: str):
     if field == "data_dir":
         return Path(raw)
     return raw
-
-
-def redact_url(url: str) -> str:
-    """redis://:secret@host:6379/0 -> redis://***@host:6379/0; a URL without credentials is unchanged."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))

@@ -70,14 +70,20 @@ from pathlib import Path
 
 import redis
 
+from adaptive_spec.contracts import (
+    ADAPTER_CACHE_DIR,
+    ADAPTERS_DIR,
+    METADATA_FILE,
+    STATS_ADAPTERS_KEY,
+    STATS_EVENTS_KEY,
+    version_dir_name,
+)
+from adaptive_spec.contracts import stats_bucket_key as bucket_key
 from adaptive_spec.stats import RequestStats
 from service.metrics import DomainLabels
 
 log = logging.getLogger(__name__)
 
-PREFIX = "adaptive_spec:stats:"
-EVENTS_KEY = PREFIX + "events"
-ADAPTERS_KEY = PREFIX + "adapters"
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
 MAX_POINTS = 2200  # a series never has more points: 6 h of 10 s, 24 h of 60 s, 7 days of 600 s
@@ -97,11 +103,6 @@ MAX_PENDING_KEYS = 3 * 360  # an hour of 10 s buckets with their 60 s and 600 s 
 EVENTS_MAXLEN = 10_000
 BASE, TARGET_ALONE = "base", "target"
 MARK_KINDS = ("swap", "rollback", "promote")
-METADATA_FILE = "adaptive_spec_adapter.json"  # as adaptive_spec.adapters names it
-
-
-def bucket_key(resolution: int, start: int) -> str:
-    return f"{PREFIX}b:{resolution}:{start}"
 
 
 def field_name(version: str, domain: str, name: str) -> str:
@@ -343,12 +344,12 @@ class StatsRecorder:
                             pipe.hincrby(key, field, value)
                     pipe.expire(key, self._ttl(resolution))
                 if adapters:
-                    pipe.hset(ADAPTERS_KEY, mapping=adapters)
+                    pipe.hset(STATS_ADAPTERS_KEY, mapping=adapters)
                 for event in events:
                     supersede = event.pop("supersede", "")
                     if supersede:
                         self._supersede_observed(event)
-                    pipe.xadd(EVENTS_KEY, event, maxlen=EVENTS_MAXLEN, approximate=True)
+                    pipe.xadd(STATS_EVENTS_KEY, event, maxlen=EVENTS_MAXLEN, approximate=True)
                 pipe.execute()
                 self.counts["flushes"] += 1
                 return True
@@ -382,14 +383,14 @@ class StatsRecorder:
     def _supersede_observed(self, event: dict[str, str]) -> None:
         """Delete this replica's recent observed marker for the same version (flushed already)."""
         since = int((float(event["t"]) - 300) * 1000)
-        for entry_id, fields in self.redis.xrevrange(EVENTS_KEY, "+", since, count=20):
+        for entry_id, fields in self.redis.xrevrange(STATS_EVENTS_KEY, "+", since, count=20):
             fields = _decode(fields)
             if (
                 fields.get("by") == "observed"
                 and fields.get("replica") == self.replica
                 and fields.get("version") == event["version"]
             ):
-                self.redis.xdel(EVENTS_KEY, entry_id)
+                self.redis.xdel(STATS_EVENTS_KEY, entry_id)
 
     def _ttl(self, resolution: int) -> int:
         if resolution == RESOLUTIONS[0]:
@@ -474,7 +475,9 @@ class StatsRecorder:
         """Swap and rollback markers in [start, end], oldest first; one per (kind, version, author) a
         minute, with the replicas that reported it counted."""
         # entry ids are write times, which trail the event's own time by at most a flush or a Redis outage
-        raw = self.redis.xrange(EVENTS_KEY, max(0, int((start - 600) * 1000)), int((end + 3600) * 1000), count=limit)
+        raw = self.redis.xrange(
+            STATS_EVENTS_KEY, max(0, int((start - 600) * 1000)), int((end + 3600) * 1000), count=limit
+        )
         merged: list[dict] = []
         for _, fields in sorted(raw, key=lambda entry: float(_decode(entry[1]).get("t", 0))):
             fields = _decode(fields)
@@ -506,7 +509,7 @@ class StatsRecorder:
         return merged
 
     def adapter_info(self, version: str | None) -> dict | None:
-        raw = self.redis.hget(ADAPTERS_KEY, _label(version))
+        raw = self.redis.hget(STATS_ADAPTERS_KEY, _label(version))
         return json.loads(raw) if raw else None
 
     def drift(self, version: str | None, now: float | None = None) -> DriftState:
@@ -602,9 +605,9 @@ def find_adapter_metadata(data_dir: str | Path, version: str) -> dict | None:
     """The metadata of a served version from the data directory: the adapter watcher's download
     cache (`adapter-cache/v{version}-{sha}`) or the trainer's output (`adapters/v{NNNN}`)."""
     data_dir = Path(data_dir)
-    candidates = sorted((data_dir / "adapter-cache").glob(f"v{version}-*"), key=lambda p: p.stat().st_mtime)
+    candidates = sorted((data_dir / ADAPTER_CACHE_DIR).glob(f"v{version}-*"), key=lambda p: p.stat().st_mtime)
     if version.isdigit():
-        candidates.append(data_dir / "adapters" / f"v{int(version):04d}")
+        candidates.append(data_dir / ADAPTERS_DIR / version_dir_name(int(version)))
     for directory in reversed(candidates):
         metadata = read_adapter_metadata(directory)
         if metadata:

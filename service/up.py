@@ -32,8 +32,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaptive_spec.contracts import (
+    DATA_DIR_ENV,
+    MLFLOW_TRACKING_URI_ENV,
+    REDIS_URL_ENV,
+    redact_url,
+    sqlite_tracking_uri,
+)
 from service.local_redis import started_server
-from service.settings import Settings, redact_url
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +67,19 @@ def run_up(up: UpSettings) -> int:
     """Start everything, serve until a signal, stop everything. Returns the exit code."""
     data_dir = up.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["ADAPTIVE_SPEC_DATA_DIR"] = str(data_dir)  # the model cache and the children follow it
+    os.environ[DATA_DIR_ENV] = str(data_dir)  # the model cache and the children follow it
     # A signal while the children are started or stopped must not end this process half way: the
     # server (service/server.py) stops on it; the rest is `finally`'s work.
     previous = {sig: signal.signal(sig, _noted) for sig in (signal.SIGINT, signal.SIGTERM)}
     redis_server = trainer = None
     try:
-        redis_url = os.environ.get("REDIS_URL")
+        redis_url = os.environ.get(REDIS_URL_ENV)
         if not redis_url:
             (data_dir / "redis").mkdir(exist_ok=True)
             redis_server = started_server(data_dir / "redis", persist=True)
             redis_url = redis_server.url
             _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
-        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir / 'mlflow.db'}"
+        tracking_uri = os.environ.get(MLFLOW_TRACKING_URI_ENV) or sqlite_tracking_uri(data_dir)
         settings = Settings.from_env(
             host=up.host,
             port=up.port,
@@ -147,8 +154,8 @@ class _Trainer:
                         "--device", settings.device, "--threads", str(threads)]  # fmt: skip
         self.env = {
             **os.environ,
-            "REDIS_URL": settings.redis_url or "",
-            "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri or "",
+            REDIS_URL_ENV: settings.redis_url or "",
+            MLFLOW_TRACKING_URI_ENV: settings.mlflow_tracking_uri or "",
             "OMP_NUM_THREADS": str(threads),
         }
         self.log_path = log_path

@@ -51,7 +51,20 @@ import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE, AdapterError, sha256_file
+from adaptive_spec.adapters import AdapterError, sha256_file
+from adaptive_spec.contracts import (
+    ADAPTER_CACHE_DIR,
+    ADAPTER_EVENTS,
+    CHECKSUM_FILE,
+    CONFIG_FILE,
+    METADATA_FILE,
+    MLFLOW_DB,
+    OUTSIDE,
+    SHA_TAG,
+    WEIGHTS_FILE,
+    cache_dir_name,
+    sqlite_tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +117,7 @@ class AdapterWatcher:
             "watching %r for the champion adapter every %.1f s%s",
             self.registry,
             self.poll_s,
-            " and on " + _channel() if self.redis_url else "",
+            " and on " + ADAPTER_EVENTS if self.redis_url else "",
         )
         return self
 
@@ -169,8 +182,8 @@ class AdapterWatcher:
                 )
         sha = described.sha256
         if not sha:
-            raise Refused("missing", f"version {version} has no {'adapter_sha256'} tag: nothing to verify it against")
-        final = self.cache_dir / f"v{version}-{sha[:12]}"
+            raise Refused("missing", f"version {version} has no {SHA_TAG} tag: nothing to verify it against")
+        final = self.cache_dir / cache_dir_name(version, sha)
         if not final.is_dir():
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=".download-", dir=self.cache_dir))
@@ -248,7 +261,7 @@ class AdapterWatcher:
         went_down = (version is None and served is not None) or (
             version is not None and served is not None and version.isdigit() and served.isdigit()
             and int(version) < int(served))  # fmt: skip
-        return ("rollback" if went_down else "swap"), "mlflow-alias"
+        return ("rollback" if went_down else "swap"), OUTSIDE
 
     # ---------------------------------------------------------------- threads
 
@@ -270,7 +283,7 @@ class AdapterWatcher:
             try:
                 client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2.0)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(_channel())
+                pubsub.subscribe(ADAPTER_EVENTS)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is None or message.get("type") != "message":
@@ -300,8 +313,8 @@ def start_watcher(service) -> AdapterWatcher | None:
 
     settings = service.settings
     uri = settings.mlflow_tracking_uri
-    if uri is None and (Path(settings.data_dir) / "mlflow.db").is_file():
-        uri = f"sqlite:///{(Path(settings.data_dir) / 'mlflow.db').resolve()}"
+    if uri is None and (Path(settings.data_dir) / MLFLOW_DB).is_file():
+        uri = sqlite_tracking_uri(settings.data_dir)
     if uri is None:
         return None
     service.registry = AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
@@ -323,7 +336,7 @@ def start_watcher(service) -> AdapterWatcher | None:
     return AdapterWatcher(
         service.engine,
         service.registry,
-        Path(settings.data_dir) / "adapter-cache",
+        Path(settings.data_dir) / ADAPTER_CACHE_DIR,
         poll_s=settings.adapter_poll_s,
         redis_url=settings.redis_url,
         metrics=service.metrics,
@@ -333,7 +346,7 @@ def start_watcher(service) -> AdapterWatcher | None:
 
 def _verify(path: Path, sha: str, engine) -> None:
     """The files are there, hash to what the registry recorded, and name this engine's models."""
-    for name in (WEIGHTS_FILE, CHECKSUM_FILE, "adapter_config.json"):
+    for name in (WEIGHTS_FILE, CHECKSUM_FILE, CONFIG_FILE):
         if not (path / name).is_file():
             raise Refused("missing", f"{path}: no {name}")
     listed = ((path / CHECKSUM_FILE).read_text().split() or [""])[0]
@@ -367,9 +380,3 @@ def _float(text) -> float | None:
         return float(text)
     except (TypeError, ValueError):
         return None
-
-
-def _channel() -> str:
-    from trainer.registry import ADAPTER_EVENTS
-
-    return ADAPTER_EVENTS

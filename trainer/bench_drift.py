@@ -40,10 +40,11 @@ import torch
 from tqdm import tqdm
 
 from adaptive_spec.bench import run_bench
+from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_ENV
 from adaptive_spec.drafters.early_exit import DraftSpecError, build_early_exit
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
-from adaptive_spec.record import CORRECTION_STREAM, record_from_output
+from adaptive_spec.record import record_from_output
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def run_drift(
 
     stream_name = (
         CORRECTION_STREAM
-        if os.environ.get("REDIS_URL") is None
+        if os.environ.get(REDIS_URL_ENV) is None
         else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
     )
     writer = CorrectionLogWriter(redis_url, stream=stream_name)
@@ -122,7 +123,7 @@ def run_drift(
     trainer = OnlineTrainer(
         build_early_exit(engine.target, layers),
         stream,
-        workdir / "adapters",
+        workdir / ADAPTERS_DIR,
         gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
         holdout=HoldoutSplit(fraction=settings.holdout_fraction),
         target_id=engine.target_id,

@@ -37,7 +37,8 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     """A non-zero random LoRA for the engine's early-exit draft, saved with metadata and checksum."""
     from peft import LoraConfig, get_peft_model
 
-    from adaptive_spec.adapters import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE, sha256_file
+    from adaptive_spec.adapters import sha256_file
+    from adaptive_spec.contracts import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE
     from adaptive_spec.drafters.early_exit import build_early_exit
 
     kind, _, layers = (engine.draft_id or "").partition(":")
@@ -75,7 +76,7 @@ def run_swap_bench(
     interval_s: float = 0.25,
     k: int | None = None,
 ) -> dict:
-    from adaptive_spec.adapters import WEIGHTS_FILE
+    from adaptive_spec.contracts import WEIGHTS_FILE
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-swap-"))
     paths = [write_random_adapter(engine, workdir / f"v{i}", rank, seed=i) for i in (1, 2)]

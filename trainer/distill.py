@@ -57,11 +57,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
+from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.record import CorrectionRecord
 
 LOSSES = ("kl_topm", "ce_top1")
-METADATA_FILE = "adaptive_spec_adapter.json"  # next to PEFT's adapter_config.json and adapter_model.safetensors
 METADATA_FORMAT = 1
 
 

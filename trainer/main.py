@@ -32,6 +32,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaptive_spec.contracts import ADAPTERS_DIR, CHECKPOINT_DIR, PENDING_FILE, redact_url
+
 log = logging.getLogger(__name__)
 
 
@@ -81,7 +83,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise TrainerSetupError(f"cannot reach Redis at {_redacted(settings.redis_url)}: {exc}") from None
+        raise TrainerSetupError(f"cannot reach Redis at {redact_url(settings.redis_url)}: {exc}") from None
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
@@ -99,14 +101,14 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     consumer = settings.consumer or f"trainer-{socket.gethostname()}"
     registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
     pending = PendingRegistrations(
-        registry, data_dir / "registry-pending.json", by=f"trainer:{consumer}", retry_s=settings.retry_s
+        registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
     ).start()
     stream = CorrectionStream(client, consumer=consumer)
     trainer = OnlineTrainer(
         draft_model,
         stream,
-        data_dir / "adapters",
-        checkpoint_dir=data_dir / "trainer",
+        data_dir / ADAPTERS_DIR,
+        checkpoint_dir=data_dir / CHECKPOINT_DIR,
         gate=Gate(min_positions=settings.gate_min_positions),
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
@@ -143,9 +145,3 @@ def _stop_on_signals(stop: threading.Event):
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
-
-
-def _redacted(url: str) -> str:
-    from service.settings import redact_url
-
-    return redact_url(url)

@@ -68,20 +68,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from adaptive_spec.contracts import (
+    ACTION_TAG,
+    ADAPTER_EVENTS,
+    ARTIFACT_PATH,
+    CHAMPION,
+    EVENT_TAG,
+    EXPERIMENT,
+    METADATA_FILE,
+    MLFLOW_TRACKING_URI_ENV,
+    MODEL_NAME,
+    NOT_PROMOTED_TAG,
+    OUTSIDE,
+    PREVIOUS,
+    SHA_TAG,
+    redact_url,
+    sqlite_tracking_uri,
+)
 
-MODEL_NAME = "adaptive-spec-draft"
-EXPERIMENT = "adaptive-spec"
-CHAMPION = "champion"
-PREVIOUS = "previous"
-ADAPTER_EVENTS = "adaptive_spec:adapters"
-ARTIFACT_PATH = "adapter"  # the adapter directory's place in the run's artifacts
-METADATA_FILE = "adaptive_spec_adapter.json"
-SHA_TAG = "adapter_sha256"
-ACTION_TAG = "adaptive_spec.last_action"
-EVENT_TAG = "adaptive_spec.last_event"
-NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left champion alone
-OUTSIDE = "mlflow-alias"  # `by` of a champion moved outside adaptive-spec (MLflow UI or client): no event
+log = logging.getLogger(__name__)
 
 # MLflow's REST client retries 7 times with exponential backoff (minutes) by default; registry
 # calls run in background threads that must notice an outage and come back, so fail within seconds.
@@ -144,7 +149,7 @@ class ServedChampion:
 
 def default_tracking_uri(data_dir: Path) -> str:
     """`MLFLOW_TRACKING_URI`, else the sqlite file in the data directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(data_dir).resolve() / 'mlflow.db'}"
+    return os.environ.get(MLFLOW_TRACKING_URI_ENV) or sqlite_tracking_uri(data_dir)
 
 
 def actor(kind: str) -> str:
@@ -188,8 +193,6 @@ class AdapterRegistry:
         self._sha_of: dict[str, str] = {}  # version -> adapter_sha256 tag (set when the version is created)
 
     def __repr__(self) -> str:
-        from service.settings import redact_url
-
         return f"AdapterRegistry({redact_url(self.tracking_uri)!r}, model={self.model_name!r})"
 
     # ---------------------------------------------------------------- writing
@@ -521,8 +524,6 @@ class _Translate:
         code = _error_code(exc)
         if code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST"):
             raise RegistryError(f"{self.what}: {exc}") from exc
-        from service.settings import redact_url
-
         raise RegistryUnavailable(
             f"{self.what}: MLflow at {redact_url(self.uri)} is unavailable: {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc

@@ -29,12 +29,12 @@ from typing import Any
 
 import redis
 
-from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
+from adaptive_spec.record import CorrectionRecord
 
 log = logging.getLogger(__name__)
 
-TRAINER_GROUP = "adaptive-spec-trainer"
-PAYLOAD_FIELD = b"r"  # written by service.correction_log.CorrectionLogWriter
+_PAYLOAD = PAYLOAD_FIELD.encode()  # replies carry bytes keys: records are binary, so no decode_responses
 
 
 class CorrectionStream:
@@ -145,7 +145,7 @@ class CorrectionStream:
                 continue
             entry_id = _text(entry_id)
             try:
-                records.append((entry_id, CorrectionRecord.decode((fields or {})[PAYLOAD_FIELD])))
+                records.append((entry_id, CorrectionRecord.decode((fields or {})[_PAYLOAD])))
             except (KeyError, ValueError) as error:
                 log.warning(
                     "correction stream entry %s does not decode (%s); acknowledging and skipping it", entry_id, error

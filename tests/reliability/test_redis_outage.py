@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from adaptive_spec.record import CORRECTION_STREAM
+from adaptive_spec.contracts import CORRECTION_STREAM
 from service.loadtest import run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -26,10 +26,9 @@ import httpx
 import pytest
 import redis
 
-from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, STATS_EVENTS_KEY
+from adaptive_spec.record import CorrectionRecord
 from service import deps
-from service.correction_log import PAYLOAD_FIELD
-from service.timeseries import EVENTS_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import MODEL, ServeProcess, eventually, kill_redis, listening_address
@@ -227,7 +226,7 @@ def test_stream_and_dashboard_retention_are_bounded(serve_process, redis_server)
     assert maxlen <= length <= maxlen + 10
     for key, (kind, ttl) in keys.items():
         if kind == "stream":  # the two streams are written with MAXLEN ~ (10000 for the swap markers)
-            assert key in (CORRECTION_STREAM, EVENTS_KEY), f"{key}: a stream nobody caps"
+            assert key in (CORRECTION_STREAM, STATS_EVENTS_KEY), f"{key}: a stream nobody caps"
             continue
         assert 0 < ttl <= 7 * 86400, f"{key} ({kind}) never expires"
     assert any(kind == "hash" for kind, _ in keys.values()), "the dashboard wrote no bucket: nothing was checked"

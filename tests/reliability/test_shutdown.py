@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from adaptive_spec.record import CORRECTION_STREAM
+from adaptive_spec.contracts import CORRECTION_STREAM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import MODEL, eventually

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
+from adaptive_spec.record import CorrectionRecord
 from trainer.online import LATEST, _read_records
-from trainer.stream import PAYLOAD_FIELD, TRAINER_GROUP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import TrainProcess, eventually
@@ -58,7 +58,7 @@ def acknowledged(client: redis.Redis) -> set[str]:
         entry["message_id"] for entry in client.xpending_range(CORRECTION_STREAM, TRAINER_GROUP, "-", "+", 10_000)
     }
     return {
-        CorrectionRecord.decode(fields[PAYLOAD_FIELD]).request_id
+        CorrectionRecord.decode(fields[PAYLOAD_FIELD.encode()]).request_id
         for entry_id, fields in delivered
         if entry_id not in pending
     }

@@ -32,9 +32,9 @@ import openai
 import pytest
 from polling import wait_for
 
-from adaptive_spec.record import CORRECTION_STREAM, CorrectionRecord
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
+from adaptive_spec.record import CorrectionRecord
 from service.app import create_app
-from service.correction_log import PAYLOAD_FIELD
 from service.settings import Settings
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.redis]  # the module server logs to Redis

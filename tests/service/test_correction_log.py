@@ -7,8 +7,9 @@ import time
 import pytest
 import redis
 
+from adaptive_spec.contracts import PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord
-from service.correction_log import PAYLOAD_FIELD, CorrectionLogWriter
+from service.correction_log import CorrectionLogWriter
 
 pytestmark = pytest.mark.redis
 

@@ -11,10 +11,9 @@ import time
 import pytest
 import redis
 
+from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
 from adaptive_spec.stats import RequestStats, StepStats
 from service.timeseries import (
-    ADAPTERS_KEY,
-    EVENTS_KEY,
     FINE_RETENTION_CAP_S,
     MAX_PENDING_KEYS,
     DriftSettings,
@@ -172,7 +171,7 @@ def test_redis_down_never_raises_and_the_sums_arrive_when_it_returns(redis_serve
         sum(float(client.hget(bucket_key(10, T0 + 10 * i), field_name("5", "x", "requests")) or 0) for i in range(5))
         == 50
     )
-    assert client.xlen(EVENTS_KEY) == 1
+    assert client.xlen(STATS_EVENTS_KEY) == 1
 
 
 def test_observed_swap_is_marked_once_and_an_explicit_mark_supersedes_it(redis_client, redis_url):
@@ -243,7 +242,7 @@ def test_drift_alert_waits_for_enough_traffic(redis_client, redis_url):
     stats.flush()
     state = stats.drift("3")
     assert state.first_token_acceptance == 0.0 and state.alert is False and "needs 100" in state.reason
-    assert redis_client.hexists(ADAPTERS_KEY, "3")
+    assert redis_client.hexists(STATS_ADAPTERS_KEY, "3")
 
 
 def test_background_thread_flushes_without_being_asked(redis_client, redis_url):

@@ -1,0 +1,119 @@
+"""Names shared across processes (DESIGN.md "Names shared across processes"), each defined here once.
+
+    from adaptive_spec.contracts import CORRECTION_STREAM, CHAMPION, champion_alias
+    client.xadd(CORRECTION_STREAM, {PAYLOAD_FIELD: record.encode()})   # the server writes ...
+    client.xreadgroup(TRAINER_GROUP, "trainer-1", {CORRECTION_STREAM: ">"})  # ... the trainer reads
+    champion_alias()        # "champion": the general adapter
+    champion_alias("sql")   # "champion-sql": one domain's adapter, named so the MLflow UI shows it
+
+A server, a trainer, the CLI and ops scripts may run different builds on different machines; what
+one writes, another reads by these names, so renaming one is a breaking change (the table in
+DESIGN.md is the contract). They live in the core package because every floor above needs them
+(`service` -> `trainer` -> `adaptive_spec`), and the core needs nothing from the floors above.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+# ---------------------------------------------------------------- Redis
+
+CORRECTION_STREAM = "adaptive_spec:corrections"  # capped by MAXLEN ~; one entry per finished request
+PAYLOAD_FIELD = "r"  # each correction stream entry is {PAYLOAD_FIELD: CorrectionRecord.encode()}
+TRAINER_GROUP = "adaptive-spec-trainer"  # the trainers' consumer group on the correction stream
+ADAPTER_EVENTS = "adaptive_spec:adapters"  # pub/sub channel: one JSON event per promote and rollback
+
+STATS_PREFIX = "adaptive_spec:stats:"  # the dashboard store; every replica adds into the same keys
+STATS_EVENTS_KEY = STATS_PREFIX + "events"  # stream of swap and rollback markers
+STATS_ADAPTERS_KEY = STATS_PREFIX + "adapters"  # hash: version -> the adapter's gate figures (JSON)
+
+
+def stats_bucket_key(resolution: int, start: int) -> str:
+    """The hash of one dashboard bucket: `resolution` seconds from unix time `start`."""
+    return f"{STATS_PREFIX}b:{resolution}:{start}"
+
+
+# ---------------------------------------------------------------- MLflow
+
+EXPERIMENT = "adaptive-spec"
+MODEL_NAME = "adaptive-spec-draft"  # one registered model per target/draft pair; the pair is in its tags
+CHAMPION = "champion"  # the alias servers follow
+PREVIOUS = "previous"  # the version before the champion, for a plain rollback
+ARTIFACT_PATH = "adapter"  # the adapter directory's place in a registered run's artifacts
+SHA_TAG = "adapter_sha256"  # version tag (and metadata key): the sha256 of the adapter's weights
+ACTION_TAG = "adaptive_spec.last_action"  # version tags: what was last done to it, `_by` whom, `_at` when
+EVENT_TAG = "adaptive_spec.last_event"  # registered-model tag: the last promote or rollback event (JSON)
+NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left the champion alone
+OUTSIDE = "mlflow-alias"  # the `by` of an alias moved outside adaptive-spec (the MLflow UI, a client)
+
+_DOMAIN = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+
+
+def champion_alias(domain: str | None = None) -> str:
+    """The alias servers follow: `champion`, or `champion-<domain>` for one domain's adapter."""
+    return _alias(CHAMPION, domain)
+
+
+def previous_alias(domain: str | None = None) -> str:
+    """The alias a plain rollback returns to: `previous`, or `previous-<domain>`."""
+    return _alias(PREVIOUS, domain)
+
+
+def _alias(base: str, domain: str | None) -> str:
+    if domain is None:
+        return base
+    if not _DOMAIN.fullmatch(domain):  # MLflow aliases allow letters, digits, "_" and "-"
+        raise ValueError(f"a domain in an alias name is letters, digits, '_' and inner '-'; got {domain!r}")
+    return f"{base}-{domain}"
+
+
+# ---------------------------------------------------------------- an adapter version on disk
+
+CONFIG_FILE = "adapter_config.json"  # PEFT's
+WEIGHTS_FILE = "adapter_model.safetensors"  # PEFT's
+METADATA_FILE = "adaptive_spec_adapter.json"  # who trained it, from what, and the gate's figures
+CHECKSUM_FILE = "checksum.sha256"  # sha256sum format: `sha256sum -c checksum.sha256` checks the weights
+VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose
+
+
+def version_dir_name(version: int) -> str:
+    """The trainer's directory of a promoted version: 3 -> "v0003"."""
+    return f"v{version:04d}"
+
+
+def cache_dir_name(version: str, sha256: str) -> str:
+    """A server's download of a registry version: ("3", "9f2c...") -> "v3-9f2c0123abcd"."""
+    return f"v{version}-{sha256[:12]}"
+
+
+# ---------------------------------------------------------------- the data directory
+
+DEFAULT_DATA_DIR = ".adaptive-spec"
+MLFLOW_DB = "mlflow.db"  # the default registry: sqlite:///<data-dir>/mlflow.db
+ADAPTERS_DIR = "adapters"  # the trainer's promoted versions, version_dir_name(N)
+ADAPTER_CACHE_DIR = "adapter-cache"  # a server's downloaded versions, cache_dir_name(V, sha)
+CHECKPOINT_DIR = "trainer"  # the trainer's checkpoints
+PENDING_FILE = "registry-pending.json"  # promotions waiting for MLflow
+
+
+def sqlite_tracking_uri(data_dir: str | Path) -> str:
+    """The registry in the data directory: sqlite:///<absolute data-dir>/mlflow.db."""
+    return f"sqlite:///{Path(data_dir).resolve() / MLFLOW_DB}"
+
+
+# ---------------------------------------------------------------- settings
+
+REDIS_URL_ENV = "REDIS_URL"
+MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+ENV_PREFIX = "ADAPTIVE_SPEC_"  # every other setting: ADAPTIVE_SPEC_<FIELD>
+DATA_DIR_ENV = ENV_PREFIX + "DATA_DIR"
+
+
+def redact_url(url: str) -> str:
+    """redis://:secret@host:6379/0 -> redis://***@host:6379/0; a URL without credentials is unchanged."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
