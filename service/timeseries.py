@@ -70,14 +70,8 @@ from pathlib import Path
 
 import redis
 
-from adaptive_spec.contracts import (
-    ADAPTER_CACHE_DIR,
-    ADAPTERS_DIR,
-    METADATA_FILE,
-    STATS_ADAPTERS_KEY,
-    STATS_EVENTS_KEY,
-    version_dir_name,
-)
+from adaptive_spec.adapters import AdapterDir, AdapterError, describe, locate
+from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
 from adaptive_spec.contracts import stats_bucket_key as bucket_key
 from adaptive_spec.stats import RequestStats
 from service.metrics import DomainLabels
@@ -256,7 +250,7 @@ class StatsRecorder:
         if kind not in MARK_KINDS:
             raise ValueError(f"kind must be one of {MARK_KINDS}, got {kind!r}")
         if metadata is None and adapter_dir is not None:
-            metadata = read_adapter_metadata(adapter_dir)
+            metadata = _metadata(AdapterDir(adapter_dir))
         if metadata:
             self.adapter_loaded(version, metadata)
         with self._lock:
@@ -269,16 +263,7 @@ class StatsRecorder:
 
     def adapter_loaded(self, version: str | None, metadata: dict) -> None:
         """Keep an adapter's gate figures (from its adaptive_spec_adapter.json) for the summary."""
-        gate = metadata.get("gate") or {}
-        info = {
-            "version": _label(version),
-            "gate": gate,
-            "loss": metadata.get("loss"),
-            "parent_version": metadata.get("parent_version"),
-            "domain_mix": metadata.get("domain_mix"),
-            "records_consumed": metadata.get("records_consumed"),
-            "loaded_at": time.time(),
-        }
+        info = {"version": _label(version), **describe(metadata), "loaded_at": time.time()}
         with self._lock:
             self._pending_adapters[_label(version)] = json.dumps(info, default=_json_safe)
             self._known_adapters.add(_label(version))
@@ -602,24 +587,16 @@ class StatsCollector:
 
 
 def find_adapter_metadata(data_dir: str | Path, version: str) -> dict | None:
-    """The metadata of a served version from the data directory: the adapter watcher's download
-    cache (`adapter-cache/v{version}-{sha}`) or the trainer's output (`adapters/v{NNNN}`)."""
-    data_dir = Path(data_dir)
-    candidates = sorted((data_dir / ADAPTER_CACHE_DIR).glob(f"v{version}-*"), key=lambda p: p.stat().st_mtime)
-    if version.isdigit():
-        candidates.append(data_dir / ADAPTERS_DIR / version_dir_name(int(version)))
-    for directory in reversed(candidates):
-        metadata = read_adapter_metadata(directory)
-        if metadata:
-            return metadata
-    return None
+    """The metadata of a served version found in the data directory (adapters.locate), or None."""
+    found = locate(data_dir, version)
+    return _metadata(found) if found is not None else None
 
 
-def read_adapter_metadata(adapter_dir: str | Path) -> dict:
-    """The adapter's adaptive_spec_adapter.json, or {} when it has none or it is unreadable."""
+def _metadata(adapter: AdapterDir) -> dict:
+    """A marker with no gate figures beats no marker: an unreadable metadata file reads as {}."""
     try:
-        return json.loads((Path(adapter_dir) / METADATA_FILE).read_text())
-    except (OSError, ValueError):
+        return adapter.metadata()
+    except AdapterError:
         return {}
 
 

@@ -51,13 +51,10 @@ import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterError, sha256_file
+from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import (
     ADAPTER_CACHE_DIR,
     ADAPTER_EVENTS,
-    CHECKSUM_FILE,
-    CONFIG_FILE,
-    METADATA_FILE,
     MLFLOW_DB,
     OUTSIDE,
     SHA_TAG,
@@ -69,12 +66,6 @@ from adaptive_spec.contracts import (
 log = logging.getLogger(__name__)
 
 RECENT_ACTION_S = 120.0  # a version's audit tag this fresh names the change the watcher sees
-
-
-class Refused(AdapterError):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 class AdapterWatcher:
@@ -162,10 +153,10 @@ class AdapterWatcher:
             except RegistryUnavailable as exc:
                 return self._registry_down(exc)
             except RegistryError as exc:
-                self._refuse(champion, Refused("missing", f"version {champion}: {exc}"))
+                self._refuse(champion, AdapterError(f"version {champion}: {exc}", "missing"))
                 return "refused"
             except AdapterError as exc:
-                self._refuse(champion, exc if isinstance(exc, Refused) else Refused(_reason(exc), str(exc)))
+                self._refuse(champion, exc)
                 return "refused"
             kind, by = self._describe_change(champion, served)
             self._swapped(kind, champion, by, pause, path)
@@ -177,12 +168,10 @@ class AdapterWatcher:
         tags = described.tags
         for key, ours in (("target_id", self.engine.target_id), ("draft_id", self.engine.draft_id)):
             if tags.get(key) not in (None, ours):
-                raise Refused(
-                    "incompatible", f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}"
-                )
+                raise AdapterError(f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}")
         sha = described.sha256
         if not sha:
-            raise Refused("missing", f"version {version} has no {SHA_TAG} tag: nothing to verify it against")
+            raise AdapterError(f"version {version} has no {SHA_TAG} tag: nothing to verify it against", "missing")
         final = self.cache_dir / cache_dir_name(version, sha)
         if not final.is_dir():
             self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -190,13 +179,15 @@ class AdapterWatcher:
             try:
                 downloaded = self.registry.download(version, staging)
                 if not (downloaded / WEIGHTS_FILE).is_file():
-                    raise Refused("missing", f"version {version}: no {WEIGHTS_FILE} among its artifacts")
+                    raise AdapterError(f"version {version}: no {WEIGHTS_FILE} among its artifacts", "missing")
                 downloaded.rename(final)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         try:
-            _verify(final, sha, self.engine)
-        except Refused:
+            adapter = AdapterDir(final)
+            adapter.verify(expected_sha256=sha)
+            adapter.check_models(self.engine.target_id, self.engine.draft_id)
+        except AdapterError:
             shutil.rmtree(final, ignore_errors=True)  # never reuse bad files; a fixed artifact downloads again
             raise
         return final
@@ -217,7 +208,7 @@ class AdapterWatcher:
             except Exception:  # a dashboard marker must never undo or block a swap
                 log.exception("on_swap failed after the swap to %s", version)
 
-    def _refuse(self, version: str, refusal: Refused) -> None:
+    def _refuse(self, version: str, refusal: AdapterError) -> None:
         self.refused[version] = refusal.reason
         log.error(
             "refused adapter version %s (%s): %s; still serving %s",
@@ -342,37 +333,6 @@ def start_watcher(service) -> AdapterWatcher | None:
         metrics=service.metrics,
         on_swap=mark,
     ).start()
-
-
-def _verify(path: Path, sha: str, engine) -> None:
-    """The files are there, hash to what the registry recorded, and name this engine's models."""
-    for name in (WEIGHTS_FILE, CHECKSUM_FILE, CONFIG_FILE):
-        if not (path / name).is_file():
-            raise Refused("missing", f"{path}: no {name}")
-    listed = ((path / CHECKSUM_FILE).read_text().split() or [""])[0]
-    actual = sha256_file(path / WEIGHTS_FILE)
-    if not actual == listed == sha:
-        raise Refused(
-            "checksum",
-            f"{path}: {WEIGHTS_FILE} hashes to {actual[:12]}..., the registry recorded "
-            f"{sha[:12]}... and {CHECKSUM_FILE} {listed[:12]}...",
-        )
-    try:
-        metadata = json.loads((path / METADATA_FILE).read_text()) if (path / METADATA_FILE).is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Refused("corrupt", f"{path}: unreadable {METADATA_FILE}: {exc}") from None
-    for key, ours in (("target_id", engine.target_id), ("draft_id", engine.draft_id)):
-        if metadata.get(key) not in (None, ours):
-            raise Refused("incompatible", f"{path} was trained for {key} {metadata[key]!r}, this server runs {ours!r}")
-
-
-def _reason(exc: AdapterError) -> str:
-    text = str(exc)
-    if "checksum" in text:
-        return "checksum"
-    if "unreadable" in text or "not an adapter directory" in text:
-        return "corrupt"
-    return "incompatible"
 
 
 def _float(text) -> float | None:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import CHECKSUM_FILE, METADATA_FILE, VOCAB_FILE, WEIGHTS_FILE, sha256_file
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
 from service.local_redis import free_port
 
@@ -47,33 +46,32 @@ def write_adapter(
         draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES, init_lora_weights=False)
     )
     model.save_pretrained(path)
-    digest = sha256_file(path / WEIGHTS_FILE)
-    (path / CHECKSUM_FILE).write_text(f"{digest}  {WEIGHTS_FILE}\n")
-    metadata = {
-        "format": 1,
-        "target_id": target_id,
-        "draft_id": draft_id or f"early-exit:{layers}",
-        "version": version,
-        "settings": {"r": rank, "alpha": 2 * rank, "lr": 1e-3, "target_modules": MODULES, "loss": "kl_topm"},
-        "records_used": 40 + seed,
-        "tokens_used": 640 + seed,
-        "steps": 20,
-        "loss": 1.5,
-        "first_loss": 2.0,
-        "last_loss": 1.4,
-        "base_version": None,
-        "parent_version": version - 1 or None,
-        "domain_mix": {"json": 30, "sql": 10},
-        "gate": {
-            "candidate": {"greedy_match": greedy_match, "expected_acceptance": greedy_match / 2, "positions": 400},
-            "champion": {"greedy_match": greedy_match - 0.1, "expected_acceptance": 0.2, "positions": 400},
-            "reason": "better",
-        },
-        "adapter_sha256": digest,
-    }
-    (path / METADATA_FILE).write_text(json.dumps(metadata))
+    adapter = AdapterDir(path)
+    adapter.seal(
+        **{
+            "format": 1,
+            "target_id": target_id,
+            "draft_id": draft_id or f"early-exit:{layers}",
+            "version": version,
+            "settings": {"r": rank, "alpha": 2 * rank, "lr": 1e-3, "target_modules": MODULES, "loss": "kl_topm"},
+            "records_used": 40 + seed,
+            "tokens_used": 640 + seed,
+            "steps": 20,
+            "loss": 1.5,
+            "first_loss": 2.0,
+            "last_loss": 1.4,
+            "base_version": None,
+            "parent_version": version - 1 or None,
+            "domain_mix": {"json": 30, "sql": 10},
+            "gate": {
+                "candidate": {"greedy_match": greedy_match, "expected_acceptance": greedy_match / 2, "positions": 400},
+                "champion": {"greedy_match": greedy_match - 0.1, "expected_acceptance": 0.2, "positions": 400},
+                "reason": "better",
+            },
+        }
+    )
     if vocab is not None:
-        (path / VOCAB_FILE).write_text(json.dumps({"token_ids": vocab}))
+        adapter.write_vocab(vocab)
     return path
 
 

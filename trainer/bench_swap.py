@@ -20,7 +20,6 @@ The run:
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import threading
@@ -37,8 +36,7 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     """A non-zero random LoRA for the engine's early-exit draft, saved with metadata and checksum."""
     from peft import LoraConfig, get_peft_model
 
-    from adaptive_spec.adapters import sha256_file
-    from adaptive_spec.contracts import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE
+    from adaptive_spec.adapters import AdapterDir
     from adaptive_spec.drafters.early_exit import build_early_exit
 
     kind, _, layers = (engine.draft_id or "").partition(":")
@@ -54,13 +52,7 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
             if "lora_" in name:
                 parameter.mul_(0.05)
     model.save_pretrained(path)
-    digest = sha256_file(path / WEIGHTS_FILE)
-    (path / CHECKSUM_FILE).write_text(f"{digest}  {WEIGHTS_FILE}\n")
-    (path / METADATA_FILE).write_text(
-        json.dumps(
-            {"target_id": engine.target_id, "draft_id": engine.draft_id, "adapter_sha256": digest, "version": seed}
-        )
-    )
+    AdapterDir(path).seal(target_id=engine.target_id, draft_id=engine.draft_id, version=seed)
     del model, draft
     return path
 

@@ -45,7 +45,6 @@ changes. Wrapping with PEFT injects LoRA layers into the draft model object in p
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -57,7 +56,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
-from adaptive_spec.contracts import METADATA_FILE
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.record import CorrectionRecord
 
@@ -339,7 +338,7 @@ class DraftTrainer:
             "draft_config": {
                 key: getattr(config, key, None)
                 for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
-            },  # fmt: skip
+            },
             "settings": dataclasses.asdict(self.settings),
             "init_adapter": self.init_adapter,
             "steps": self.steps,
@@ -347,7 +346,7 @@ class DraftTrainer:
             "tokens_used": self.tokens_used,
             "positions_trained": self.positions_trained,
         }
-        (adapter_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        AdapterDir(adapter_dir).write_metadata(metadata)
         return adapter_dir
 
     def load(self, adapter_dir: str | Path) -> None:
@@ -368,7 +367,7 @@ class DraftTrainer:
         if missing or result.unexpected_keys:
             raise ValueError(f"adapter {adapter_dir} does not match the draft: missing {missing[:3]}, "
                              f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
-        self.parent_metadata = read_metadata(adapter_dir)
+        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
         self.optimizer = self._new_optimizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -382,9 +381,3 @@ class DraftTrainer:
         """Train mode (LoRA dropout) on the draft's own layers only, never on modules it shares with the target."""
         for layer in decoder_layers(causal_lm(self.model)):
             layer.train(mode)
-
-
-def read_metadata(adapter_dir: str | Path) -> dict | None:
-    """The adaptive_spec_adapter.json of an adapter directory, or None if it has none."""
-    path = Path(adapter_dir) / METADATA_FILE
-    return json.loads(path.read_text()) if path.exists() else None

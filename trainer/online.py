@@ -110,11 +110,11 @@ import numpy as np
 import redis
 import torch
 
-from adaptive_spec.adapters import CHECKSUM_FILE, VOCAB_FILE, AdapterError, read_adapter, sha256_file
-from adaptive_spec.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS
+from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file, trainer_versions
+from adaptive_spec.contracts import SHA_TAG, WEIGHTS_FILE
 from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.distill import METADATA_FILE, DraftTrainer, LoraSettings, examples_from_record, read_metadata
+from trainer.distill import DraftTrainer, LoraSettings, examples_from_record
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 from trainer.stream import CorrectionStream
 
@@ -242,7 +242,7 @@ class OnlineTrainer:
         self.rng = np.random.default_rng(self.trainer.settings.seed)
         if state is not None:
             self._restore(state, adapter.parent)
-        self.next_version = max(self.next_version, _last_version(self.adapters_dir) + 1)
+        self.next_version = max(self.next_version, max(trainer_versions(self.adapters_dir), default=0) + 1)
         self._champion_state = self._lora_state()
         self.stream.ensure_group()
 
@@ -536,10 +536,8 @@ class OnlineTrainer:
         temporary = self.adapters_dir / f".{final.name}.tmp"
         shutil.rmtree(temporary, ignore_errors=True)
         self.trainer.save(temporary)
-        digest = sha256_file(temporary / ADAPTER_WEIGHTS)
-        (temporary / CHECKSUM_FILE).write_text(f"{digest}  {ADAPTER_WEIGHTS}\n")
-        metadata = read_metadata(temporary) or {}
-        metadata.update({
+        staged = AdapterDir(temporary)
+        digest = staged.seal(**{
             "version": version,
             "parent_version": self.champion_version,
             "parent_sha256": self.champion_sha256,
@@ -555,10 +553,8 @@ class OnlineTrainer:
             "domain_mix": domain_mix,
             "records_consumed": self.records_consumed,
             "tokens_consumed": self.tokens_consumed,
-            "adapter_sha256": digest,
         })  # fmt: skip
-        (temporary / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
-        (temporary / VOCAB_FILE).write_text(json.dumps({"token_ids": self._draft_vocab()}) + "\n")
+        staged.write_vocab(self._draft_vocab())
         os.rename(temporary, final)  # fails rather than overwrite: next_version skips existing directories
 
         promoted = AdapterVersion(version, final, result.candidate, result.champion, result.loss, digest, domain_mix,
@@ -591,11 +587,7 @@ class OnlineTrainer:
                 raise AdapterError(f"version {served.version} has no adapter_sha256 tag: nothing to verify it against")
             with tempfile.TemporaryDirectory(prefix=".adopt-", dir=self.adapters_dir) as staging:
                 downloaded = self.champion_source.download(served.version, Path(staging))
-                read_adapter(downloaded)  # checksum.sha256 against the weights, as a server checks it
-                actual = sha256_file(downloaded / ADAPTER_WEIGHTS)
-                if actual != served.sha256:
-                    raise AdapterError(f"version {served.version}: weights hash to {actual[:12]}..., the registry "
-                                       f"says {served.sha256[:12]}...")  # fmt: skip
+                AdapterDir(downloaded).verify(expected_sha256=served.sha256)  # as a server checks it
                 self.trainer.load(downloaded)  # checks the LoRA's shape; a fresh optimiser
                 local = self._local_version(served.sha256) or self._install(downloaded, served)
             self.registry_versions[f"v{local:04d}"] = served.version
@@ -639,9 +631,9 @@ class OnlineTrainer:
 
     def _local_version(self, sha256: str) -> int | None:
         """The local version directory whose weights hash to sha256 (ours, registered before), or None."""
-        for path in sorted(self.adapters_dir.glob("v[0-9]*")):
-            if path.name[1:].isdigit() and (read_metadata(path) or {}).get("adapter_sha256") == sha256:
-                return int(path.name[1:])
+        for number, version in trainer_versions(self.adapters_dir).items():
+            if version.metadata().get(SHA_TAG) == sha256:
+                return number
         return None
 
     def _install(self, downloaded: Path, served) -> int:
@@ -651,10 +643,8 @@ class OnlineTrainer:
         temporary = self.adapters_dir / f".{final.name}.tmp"
         shutil.rmtree(temporary, ignore_errors=True)
         shutil.copytree(downloaded, temporary)
-        metadata = read_metadata(temporary) or {}
-        metadata.update({"registry_version": served.version, "adopted_at": time.time(), "adopted_by": served.by,
-                         "adopted_as": version})  # fmt: skip
-        (temporary / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        AdapterDir(temporary).update_metadata(registry_version=served.version, adopted_at=time.time(),
+                                              adopted_by=served.by, adopted_as=version)  # fmt: skip
         os.rename(temporary, final)
         self.next_version = version + 1
         return version
@@ -752,7 +742,7 @@ class OnlineTrainer:
             setattr(self, name, state["counters"][name])
         self.champion_version = state["champion_version"]
         self.champion_sha256 = state.get("champion_sha256")
-        weights = self.champion_path / ADAPTER_WEIGHTS if self.champion_path is not None else None
+        weights = self.champion_path / WEIGHTS_FILE if self.champion_path is not None else None
         if "champion_sha256" not in state and weights is not None and weights.is_file():  # an older checkpoint
             self.champion_sha256 = sha256_file(weights)
         self.registry_champion = state.get("registry_champion")
@@ -773,23 +763,6 @@ class OnlineTrainer:
 
 _COUNTERS = ("records_consumed", "tokens_consumed", "duplicates", "train_s", "adapters_promoted", "rounds",
              "promote_errors")  # fmt: skip
-
-
-def verify_checksum(adapter_dir: Path) -> bool:
-    """True when adapter_model.safetensors hashes to what checksum.sha256 and the metadata say."""
-    adapter_dir = Path(adapter_dir)
-    try:
-        listed = (adapter_dir / CHECKSUM_FILE).read_text().split()[0]
-        recorded = (read_metadata(adapter_dir) or {}).get("adapter_sha256")
-        return listed == recorded == sha256_file(adapter_dir / ADAPTER_WEIGHTS)
-    except (OSError, IndexError, ValueError):
-        return False
-
-
-def _last_version(adapters_dir: Path) -> int:
-    """The highest N among the version directories vNNNN, 0 if none."""
-    numbers = [int(p.name[1:]) for p in adapters_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit()]
-    return max(numbers, default=0)
 
 
 def _write_records(path: Path, encoded: Iterable[bytes]) -> None:

@@ -68,6 +68,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import (
     ACTION_TAG,
     ADAPTER_EVENTS,
@@ -200,10 +201,12 @@ class AdapterRegistry:
     def register(self, adapter_dir: Path | str, *, by: str = "trainer", promote: bool = True) -> str:
         """Log the adapter directory as a run, make it a version, and (by default) promote it."""
         adapter_dir = Path(adapter_dir)
-        metadata_file = adapter_dir / METADATA_FILE
-        if not metadata_file.is_file():
+        try:
+            metadata = AdapterDir(adapter_dir).metadata()
+        except AdapterError as exc:
+            raise RegistryError(str(exc)) from None
+        if not metadata:
             raise RegistryError(f"{adapter_dir}: no {METADATA_FILE}; not an adapter the trainer wrote")
-        metadata = json.loads(metadata_file.read_text())
         sha = metadata.get(SHA_TAG)
         with self._mlflow("register"):
             self._ensure_model(metadata)

@@ -6,14 +6,13 @@ service.load_adapter(path, "1", by="test")        # swap + dashboard marker with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import CHECKSUM_FILE, METADATA_FILE, WEIGHTS_FILE, sha256_file
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -28,24 +27,15 @@ def make_adapter(
         build_early_exit(target, layers), LoraConfig(r=4, lora_alpha=8, target_modules=MODULES, init_lora_weights=False)
     )
     peft_model.save_pretrained(path)
-    (path / CHECKSUM_FILE).write_text(f"{sha256_file(path / WEIGHTS_FILE)}  {WEIGHTS_FILE}\n")
-    (path / METADATA_FILE).write_text(
-        json.dumps(
-            {
-                "version": version,
-                "parent_version": version - 1 or None,
-                "loss": 2.5 - 0.1 * version,
-                "gate": {
-                    "candidate": {
-                        "greedy_match": greedy_match,
-                        "expected_acceptance": expected_acceptance,
-                        "positions": 432,
-                    },
-                    "champion": {"greedy_match": 0.05, "expected_acceptance": 0.04, "positions": 432},
-                    "reason": "candidate beats champion",
-                },
-            }
-        )
+    AdapterDir(path).seal(
+        version=version,
+        parent_version=version - 1 or None,
+        loss=2.5 - 0.1 * version,
+        gate={
+            "candidate": {"greedy_match": greedy_match, "expected_acceptance": expected_acceptance, "positions": 432},
+            "champion": {"greedy_match": 0.05, "expected_acceptance": 0.04, "positions": 432},
+            "reason": "candidate beats champion",
+        },
     )
     return path
 

@@ -27,18 +27,18 @@ import pytest
 import torch
 
 from adaptive_spec import Engine
+from adaptive_spec.adapters import AdapterDir
+from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
 from trainer.distill import (
-    METADATA_FILE,
     DraftTrainer,
     LoraSettings,
     collate,
     draft_logits,
     examples_from_record,
     position_losses,
-    read_metadata,
 )
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 
@@ -281,7 +281,7 @@ def test_target_weights_are_bit_identical_after_training(run):
 def test_save_writes_a_peft_adapter_that_reloads_to_the_same_figures(run, tmp_path):
     path = run.trainer.save(tmp_path / "v1")
     assert {"adapter_config.json", "adapter_model.safetensors", METADATA_FILE} <= {p.name for p in path.iterdir()}
-    metadata = read_metadata(path)
+    metadata = AdapterDir(path).metadata()
     assert metadata["draft_id"] == "early-exit:1" and metadata["target_id"] == "tiny-llama"
     assert metadata["steps"] == STEPS and metadata["settings"]["lr"] == SETTINGS.lr
     assert 0 < metadata["records_used"] <= len(run.train_records)

@@ -31,13 +31,15 @@ import redis
 import torch
 
 from adaptive_spec import Engine
+from adaptive_spec.adapters import AdapterDir, AdapterError
+from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 from trainer.buffer import HoldoutSplit
-from trainer.distill import METADATA_FILE, LoraSettings, read_metadata
+from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
-from trainer.online import AdapterVersion, OnlineTrainer, RoundResult, verify_checksum
+from trainer.online import AdapterVersion, OnlineTrainer, RoundResult
 from trainer.stream import CorrectionStream
 
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
@@ -181,8 +183,8 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
 
     digest = hashlib.sha256((path / "adapter_model.safetensors").read_bytes()).hexdigest()
     assert (path / "checksum.sha256").read_text() == f"{digest}  adapter_model.safetensors\n"
-    metadata = read_metadata(path)
-    assert metadata["adapter_sha256"] == digest == version.sha256 and verify_checksum(path)
+    metadata = AdapterDir(path).metadata()
+    assert metadata["adapter_sha256"] == digest == version.sha256 and AdapterDir(path).verify()
 
     assert metadata["version"] == 1 and metadata["parent_version"] is None and metadata["base_version"] == "tiny-base"
     assert metadata["target_id"] == "tiny-llama" and metadata["draft_id"] == "early-exit:1"
@@ -201,7 +203,8 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     weights = bytearray((tampered / "adapter_model.safetensors").read_bytes())
     weights[-1] ^= 0xFF
     (tampered / "adapter_model.safetensors").write_bytes(weights)
-    assert not verify_checksum(tampered)
+    with pytest.raises(AdapterError, match="checksum"):
+        AdapterDir(tampered).verify()
 
 
 def test_lr0_trainer_promotes_nothing(target, records, redis_client, tmp_path):
