@@ -41,7 +41,8 @@ from tqdm import tqdm
 
 from adaptive_spec.bench import run_bench
 from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_ENV
-from adaptive_spec.drafters.early_exit import DraftSpecError, build_early_exit
+from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 from adaptive_spec.record import record_from_output
@@ -215,10 +216,10 @@ def _train(trainer, stop: threading.Event, deadline: float) -> None:
 
 
 def _early_exit_layers(draft_id: str) -> int:
-    kind, _, arg = (draft_id or "").partition(":")
-    if kind != "early-exit" or not arg.isdigit():
+    spec = parse_draft_spec(draft_id)
+    if spec.kind != "early-exit":
         raise DraftSpecError(f"bench-drift trains LoRA adapters on early-exit drafts; got draft {draft_id!r}")
-    return int(arg)
+    return spec.layers
 
 
 def format_report(figures: dict) -> str:

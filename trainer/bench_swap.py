@@ -38,12 +38,13 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
 
     from adaptive_spec.adapters import AdapterDir
     from adaptive_spec.drafters.early_exit import build_early_exit
+    from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 
-    kind, _, layers = (engine.draft_id or "").partition(":")
-    if kind != "early-exit" or not layers.isdigit():
-        raise ValueError(f"bench-swap builds adapters for early-exit:N drafts; got {engine.draft_id!r}")
+    spec = parse_draft_spec(engine.draft_id)
+    if spec.kind != "early-exit":
+        raise DraftSpecError(f"bench-swap builds adapters for early-exit:N drafts; got {engine.draft_id!r}")
     torch.manual_seed(seed)
-    draft = build_early_exit(engine.target, int(layers))
+    draft = build_early_exit(engine.target, spec.layers)
     model = get_peft_model(
         draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False)
     )

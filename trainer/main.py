@@ -66,6 +66,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     import torch
 
     from adaptive_spec.drafters.early_exit import build_early_exit
+    from adaptive_spec.drafters.spec import parse_draft_spec
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.gate import Gate
     from trainer.online import OnlineTrainer
@@ -87,15 +88,15 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    kind, _, arg = settings.draft.partition(":")
-    if kind == "ngram":
-        raise TrainerSetupError("the ngram draft has no weights to train; use early-exit:N or a draft model")
-    if kind == "early-exit" and arg.isdigit():  # the records hold the target's top-m: the target only lends layers
-        log.info("loading %s for the draft %s on %s in %s", settings.target, settings.draft, device, dtype)
-        draft_model = build_early_exit(load_model(settings.target, device, dtype)[0], int(arg))
+    spec = parse_draft_spec(settings.draft)
+    if not spec.trainable:
+        raise TrainerSetupError(f"the {spec} draft has no weights to train; use early-exit:N or a draft model")
+    if spec.kind == "early-exit":  # the records hold the target's top-m: the target only lends layers
+        log.info("loading %s for the draft %s on %s in %s", settings.target, spec, device, dtype)
+        draft_model = build_early_exit(load_model(settings.target, device, dtype)[0], spec.layers)
     else:
-        log.info("loading the draft %s on %s in %s", settings.draft, device, dtype)
-        draft_model = load_model(settings.draft, device, dtype)[0]
+        log.info("loading the draft %s on %s in %s", spec, device, dtype)
+        draft_model = load_model(spec.source, device, dtype)[0]
 
     data_dir = Path(settings.data_dir)
     consumer = settings.consumer or f"trainer-{socket.gethostname()}"
