@@ -551,8 +551,9 @@ def cmd_bench_load(args) -> int:
 
 
 def cmd_adapters(args) -> int:
+    from adaptive_spec.contracts import MODEL_NAME
     from adaptive_spec.models import data_dir
-    from trainer.registry import MODEL_NAME, AdapterRegistry, RegistryUnavailable, actor
+    from trainer.registry import AdapterRegistry, RegistryUnavailable, actor
 
     registry = AdapterRegistry(
         data_dir=args.data_dir or data_dir(),

@@ -43,7 +43,6 @@ event says so (or, for an alias moved in the MLflow UI, when the version number 
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -54,7 +53,6 @@ from pathlib import Path
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import (
     ADAPTER_CACHE_DIR,
-    ADAPTER_EVENTS,
     MLFLOW_DB,
     OUTSIDE,
     SHA_TAG,
@@ -62,6 +60,7 @@ from adaptive_spec.contracts import (
     cache_dir_name,
     sqlite_tracking_uri,
 )
+from trainer.adapter_events import AdapterEvents
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class AdapterWatcher:
         cache_dir: Path,
         *,
         poll_s: float = 5.0,
-        redis_url: str | None = None,
+        events: AdapterEvents | None = None,
         metrics=None,
         on_swap=None,
     ) -> None:
@@ -84,7 +83,7 @@ class AdapterWatcher:
         self.registry = registry
         self.cache_dir = Path(cache_dir)
         self.poll_s = poll_s
-        self.redis_url = redis_url
+        self.events = events  # the registry's pub/sub channel; None: the alias poll alone
         self.metrics = metrics
         self.on_swap = on_swap
         self.swaps: list[tuple[str, str | None, float]] = []  # (kind, version, pause_s), for reports and tests
@@ -100,15 +99,19 @@ class AdapterWatcher:
 
     def start(self) -> AdapterWatcher:
         self._threads = [threading.Thread(target=self._poll_loop, name="adapter-watcher", daemon=True)]
-        if self.redis_url:
-            self._threads.append(threading.Thread(target=self._listen, name="adapter-events", daemon=True))
+        if self.events:
+            self._threads.append(
+                threading.Thread(
+                    target=self.events.listen, args=(self.wake, self._stop), name="adapter-events", daemon=True
+                )
+            )
         for thread in self._threads:
             thread.start()
         log.info(
             "watching %r for the champion adapter every %.1f s%s",
             self.registry,
             self.poll_s,
-            " and on " + ADAPTER_EVENTS if self.redis_url else "",
+            " and on " + self.events.channel if self.events else "",
         )
         return self
 
@@ -265,33 +268,6 @@ class AdapterWatcher:
             self._wake.wait(self.poll_s)
             self._wake.clear()
 
-    def _listen(self) -> None:
-        """Subscribe to the adapter events; reconnect while Redis is away."""
-        import redis
-
-        while not self._stop.is_set():
-            client = pubsub = None
-            try:
-                client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2.0)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(ADAPTER_EVENTS)
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is None or message.get("type") != "message":
-                        continue
-                    try:
-                        self.wake(json.loads(message["data"]))
-                    except (json.JSONDecodeError, TypeError, AttributeError):
-                        log.warning("ignoring a malformed adapter event: %r", message["data"][:200])
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.debug("adapter events unavailable (%s); the alias poll goes on", exc)
-                self._stop.wait(2.0)
-            finally:
-                if pubsub is not None:
-                    pubsub.close()
-                if client is not None:
-                    client.close()
-
 
 def start_watcher(service) -> AdapterWatcher | None:
     """Build the registry and the watcher for a Service; None when there is nothing to watch.
@@ -329,7 +305,7 @@ def start_watcher(service) -> AdapterWatcher | None:
         service.registry,
         Path(settings.data_dir) / ADAPTER_CACHE_DIR,
         poll_s=settings.adapter_poll_s,
-        redis_url=settings.redis_url,
+        events=service.registry.events,
         metrics=service.metrics,
         on_swap=mark,
     ).start()

@@ -68,9 +68,11 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from adaptive_spec.drafters.early_exit import build_early_exit
     from adaptive_spec.drafters.spec import parse_draft_spec
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
+    from trainer.champion import RegistryChampion
     from trainer.gate import Gate
     from trainer.online import OnlineTrainer
-    from trainer.registry import AdapterRegistry, PendingRegistrations, RegistryChampion
+    from trainer.pending import PendingRegistrations
+    from trainer.registry import AdapterRegistry
     from trainer.stream import CorrectionStream
 
     if not settings.redis_url:

@@ -30,7 +30,7 @@ The loop (`run`), one verb each:
   reached +0.0095 and was rolled back.
 - `checkpoint()` makes the state durable, then acknowledges what it covers (see below).
 
-The registry has the last word (`champion_source`, trainer/registry.py `RegistryChampion`). Before
+The registry has the last word (`champion_source`, trainer/champion.py `RegistryChampion`). Before
 each round and again before each promotion, `sync_registry()` asks which version the `champion`
 alias names. If it is not the trainer's champion (and none of the trainer's own promotions is
 still on its way there), an operator moved it: a rollback, a promotion of an older version, or the
@@ -188,7 +188,7 @@ class OnlineTrainer:
         base_version: str | int | None = None,  # an opaque label of what the lineage starts from
         read_count: int = 64,  # entries per XREADGROUP / XAUTOCLAIM
         reclaim_idle_ms: int = 60_000,
-        champion_source=None,  # the registry's champion (trainer.registry.RegistryChampion); None: ours only
+        champion_source=None,  # the registry's champion (trainer.champion.RegistryChampion); None: ours only
         registry_retry_s: float = 30.0,  # while the registry is unreachable, ask it again after this long
     ) -> None:
         if min_new_records < 1 or round_steps < 1:

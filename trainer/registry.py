@@ -1,5 +1,5 @@
 """The adapter registry: promoted adapters as versions of an MLflow registered model, the served one
-named by an alias.
+named by an alias, and an audit trail of who moved it.
 
     registry = AdapterRegistry(data_dir=Path(".adaptive-spec"), redis_url=os.environ.get("REDIS_URL"))
     version = registry.register(Path(".adaptive-spec/adapters/v0003"), by="trainer")  # "3", now champion
@@ -31,29 +31,14 @@ A retry after a registration that half happened does not make a second version: 
 
 Promotion and rollback move aliases and leave an audit trail: tags on the version
 (`adaptive_spec.last_action`, `..._by`, `..._at`), a registered-model tag `adaptive_spec.last_event`
-holding the event, and the event published on `adaptive_spec:adapters`:
-
-    {"event": "rollback", "model": "adaptive-spec-draft", "version": "2", "from": "3",
-     "by": "cli:alice@host", "at": 1763800000.0, "target_id": "...", "draft_id": "early-exit:4"}
+holding the event, and the event published on `adaptive_spec:adapters` (trainer/adapter_events.py).
 
 A rollback without `to` sets `champion` to `previous` and removes `previous`: nothing is known about
 the version before it, and a second plain rollback must not bring back the version just rolled away
 from. `rollback(to=V)` and `promote(V)` go anywhere and set `previous` to the old champion.
 
-MLflow down (DESIGN.md "Behaviour under faults"): `PendingRegistrations` is the trainer's
-`on_promote`. It writes the promoted adapter's directory to a queue file and returns at once; a
-thread registers the queue in order and, while MLflow is unreachable, keeps it and retries every
-`retry_s`, across trainer restarts too. The trainer never waits for MLflow.
-
-Operators win over the trainer. A queued adapter moves `champion` only while the registry still
-serves the adapter it was trained from (its `parent_sha256`, compared with the champion's
-`adapter_sha256` tag just before promoting). After a rollback, say champion 5 -> 4 while the
-trainer's v0006 (trained from 5) waited for MLflow, v0006 is registered as version 6 *without*
-promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operator can still
-promote it by hand. The trainer itself follows the registry through `RegistryChampion`
-(OnlineTrainer's `champion_source`): once nothing of its own is queued, whatever the registry serves
-is the champion it adopts, trains from and gates against. What is left: an operator action landing
-between the check and the alias move of one registration (a few milliseconds) is overwritten.
+The trainer's promotions reach `register` through a queue that outlives MLflow outages
+(trainer/pending.py); the trainer reads the champion back through trainer/champion.py.
 """
 
 from __future__ import annotations
@@ -63,15 +48,13 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import (
     ACTION_TAG,
-    ADAPTER_EVENTS,
     ARTIFACT_PATH,
     CHAMPION,
     EVENT_TAG,
@@ -79,22 +62,27 @@ from adaptive_spec.contracts import (
     METADATA_FILE,
     MLFLOW_TRACKING_URI_ENV,
     MODEL_NAME,
-    NOT_PROMOTED_TAG,
     OUTSIDE,
     PREVIOUS,
     SHA_TAG,
     redact_url,
     sqlite_tracking_uri,
 )
+from trainer.adapter_events import AdapterEvents
+from trainer.registry_records import RegisteredAdapter, registered_adapter, run_figures, version_tags
 
 log = logging.getLogger(__name__)
 
-# MLflow's REST client retries 7 times with exponential backoff (minutes) by default; registry
-# calls run in background threads that must notice an outage and come back, so fail within seconds.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# MLflow's REST client retries 7 times with exponential backoff (minutes) by default; registry calls
+# run in background threads that must notice an outage and come back, so they fail within seconds.
+# MLflow reads these from the environment on every request and offers no per-client setting, so
+# AdapterRegistry sets them when it is built (never at import), and an operator's own values win.
+_MLFLOW_CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+}
 
 
 class RegistryError(ValueError):
@@ -103,39 +91,6 @@ class RegistryError(ValueError):
 
 class RegistryUnavailable(RuntimeError):
     """MLflow (or its database) could not be reached; the same call may work later."""
-
-
-@dataclass(frozen=True)
-class RegisteredAdapter:
-    """One version of the registered model, as `adapters list` shows it."""
-
-    version: str
-    created_at: float  # seconds since the epoch
-    aliases: tuple[str, ...]
-    run_id: str
-    sha256: str | None
-    candidate_greedy_match: float | None  # the gate's figures when it was promoted by the trainer
-    champion_greedy_match: float | None
-    candidate_expected_acceptance: float | None
-    loss: float | None
-    tags: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {
-            "version": self.version,
-            "created_at": self.created_at,
-            "aliases": list(self.aliases),
-            "run_id": self.run_id,
-            "sha256": self.sha256,
-            "candidate_greedy_match": self.candidate_greedy_match,
-            "champion_greedy_match": self.champion_greedy_match,
-            "candidate_expected_acceptance": self.candidate_expected_acceptance,
-            "loss": self.loss,
-            "target_id": self.tags.get("target_id"),
-            "draft_id": self.tags.get("draft_id"),
-            "last_action": self.tags.get(ACTION_TAG),
-            "last_action_by": self.tags.get(ACTION_TAG + "_by"),
-        }
 
 
 @dataclass(frozen=True)
@@ -180,6 +135,8 @@ class AdapterRegistry:
     ) -> None:
         from mlflow import MlflowClient
 
+        for name, value in _MLFLOW_CLIENT_ENV.items():
+            os.environ.setdefault(name, value)
         self.data_dir = Path(data_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.data_dir)
         self.local = self.tracking_uri.startswith(("sqlite:", "file:", "/"))
@@ -187,9 +144,8 @@ class AdapterRegistry:
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.model_name = model_name
         self.experiment = experiment
-        self.redis_url = redis_url
+        self.events = AdapterEvents(redis_url)
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-        self._redis = None
         self._experiment_id: str | None = None
         self._sha_of: dict[str, str] = {}  # version -> adapter_sha256 tag (set when the version is created)
 
@@ -218,7 +174,7 @@ class AdapterRegistry:
                 run_id = self._log_run(adapter_dir, metadata)
                 source = self.client.get_run(run_id).info.artifact_uri.rstrip("/") + "/" + ARTIFACT_PATH
                 created = self.client.create_model_version(
-                    self.model_name, source, run_id=run_id, tags=_version_tags(metadata, adapter_dir)
+                    self.model_name, source, run_id=run_id, tags=version_tags(metadata, adapter_dir)
                 )
                 version = str(created.version)
                 log.info("registered %s as version %s of %s (run %s)", adapter_dir, version, self.model_name, run_id)
@@ -338,8 +294,7 @@ class AdapterRegistry:
         return json.loads(raw) if raw else None
 
     def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
+        self.events.close()
 
     # ---------------------------------------------------------------- helpers
 
@@ -391,38 +346,16 @@ class AdapterRegistry:
     def _log_run(self, adapter_dir: Path, metadata: dict) -> str:
         from mlflow.entities import Metric, Param
 
-        settings = metadata.get("settings") or {}
         run = self.client.create_run(
-            self._experiment(), run_name=f"adapter-{adapter_dir.name}", tags=_version_tags(metadata, adapter_dir)
+            self._experiment(), run_name=f"adapter-{adapter_dir.name}", tags=version_tags(metadata, adapter_dir)
         )
         run_id = run.info.run_id
-        params = {
-            "lr": settings.get("lr"),
-            "rank": settings.get("r"),
-            "lora_alpha": settings.get("alpha"),
-            "target_modules": ",".join(settings.get("target_modules") or []),
-            "loss_kind": settings.get("loss"),
-            "records_used": metadata.get("records_used"),
-            "tokens_used": metadata.get("tokens_used"),
-            "records_consumed": metadata.get("records_consumed"),
-            "tokens_consumed": metadata.get("tokens_consumed"),
-            "steps": metadata.get("steps"),
-            "round_steps": metadata.get("round_steps"),
-        }
+        params, metrics = run_figures(metadata)
         now = int(time.time() * 1000)
-        gate = metadata.get("gate") or {}
-        metrics = {
-            "loss": metadata.get("loss"),
-            "first_loss": metadata.get("first_loss"),
-            "last_loss": metadata.get("last_loss"),
-        }
-        for side in ("candidate", "champion"):
-            for key, value in (gate.get(side) or {}).items():
-                metrics[f"{side}_{key}"] = value
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if _finite(v)],
-            params=[Param(k, str(v)) for k, v in params.items() if v is not None],
+            metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+            params=[Param(k, v) for k, v in params.items()],
         )
         self.client.log_artifacts(run_id, str(adapter_dir), ARTIFACT_PATH)
         self.client.set_terminated(run_id)
@@ -441,25 +374,12 @@ class AdapterRegistry:
             raise
 
     def _describe(self, model_version, aliases: dict[str, str]) -> RegisteredAdapter:
-        version = str(model_version.version)
         metrics: dict = {}
         try:
             metrics = self.client.get_run(model_version.run_id).data.metrics if model_version.run_id else {}
         except Exception as exc:  # a deleted run: list the version without its figures
-            log.debug("no run for version %s: %s", version, exc)
-        tags = dict(model_version.tags or {})
-        return RegisteredAdapter(
-            version=version,
-            created_at=model_version.creation_timestamp / 1000.0,
-            aliases=tuple(sorted(alias for alias, v in aliases.items() if v == version)),
-            run_id=model_version.run_id or "",
-            sha256=tags.get(SHA_TAG),
-            candidate_greedy_match=metrics.get("candidate_greedy_match"),
-            champion_greedy_match=metrics.get("champion_greedy_match"),
-            candidate_expected_acceptance=metrics.get("candidate_expected_acceptance"),
-            loss=metrics.get("loss"),
-            tags=tags,
-        )
+            log.debug("no run for version %s: %s", model_version.version, exc)
+        return registered_adapter(model_version, metrics, aliases)
 
     def _audit(self, version: str, action: str, by: str) -> float:
         """Tags on the version saying what was done to it, by whom, when; returns when."""
@@ -484,30 +404,8 @@ class AdapterRegistry:
         }
         self.client.set_registered_model_tag(self.model_name, EVENT_TAG, json.dumps(event))
         log.info("%s: %s champion %s -> %s by %s", self.model_name, action, old, version, by)
-        self.publish(event)
+        self.events.publish(event)  # best effort: watchers also poll the alias
         return event
-
-    def publish(self, event: dict) -> bool:
-        """Send the event on `adaptive_spec:adapters`; False (logged) when Redis is not there.
-
-        Watchers also poll the alias, so a lost event delays a swap by one poll at most."""
-        if not self.redis_url:
-            return False
-        import redis
-
-        try:
-            if self._redis is None:
-                self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            self._redis.publish(ADAPTER_EVENTS, json.dumps(event))
-            return True
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning(
-                "could not publish %s on %s (%s); servers will see it on their next alias poll",
-                event["event"],
-                ADAPTER_EVENTS,
-                exc,
-            )
-            return False
 
 
 class _Translate:
@@ -534,203 +432,3 @@ class _Translate:
 
 def _error_code(exc: BaseException) -> str | None:
     return getattr(exc, "error_code", None)
-
-
-def _finite(value) -> bool:
-    try:
-        return value is not None and float(value) == float(value) and abs(float(value)) != float("inf")
-    except (TypeError, ValueError):
-        return False
-
-
-def _version_tags(metadata: dict, adapter_dir: Path) -> dict[str, str]:
-    gate = metadata.get("gate") or {}
-    tags = {
-        "target_id": metadata.get("target_id"),
-        "draft_id": metadata.get("draft_id"),
-        "base_version": metadata.get("base_version"),
-        "parent_version": metadata.get("parent_version"),
-        "trainer_version": metadata.get("version"),
-        "adapter_dir": adapter_dir.name,
-        "domain_mix": json.dumps(metadata.get("domain_mix") or {}, sort_keys=True),
-        SHA_TAG: metadata.get(SHA_TAG),
-        "gate_reason": gate.get("reason"),
-    }
-    return {key: str(value) for key, value in tags.items() if value is not None}
-
-
-class PendingRegistrations:
-    """The trainer's `on_promote`: queue the adapter on disk, register it from a thread, retry while
-    MLflow is down.
-
-        pending = PendingRegistrations(registry, data_dir / "registry-pending.json", by="trainer:host")
-        pending.start()
-        trainer = OnlineTrainer(..., on_promote=pending.submit)
-        ...
-        pending.stop()          # one last try, then the queue file keeps what is left
-
-    Entries are registered (and promoted) oldest first, so when MLflow returns after the trainer
-    promoted v0004 and v0005, champion ends at v0005 with previous at v0004, as if it had never
-    been away. A `RegistryError` (e.g. the directory is gone) drops its entry, logged; anything else
-    keeps the queue for the next try.
-
-    An entry that names the adapter it was trained from (`parent_sha256`, which OnlineTrainer's
-    AdapterVersion carries) is promoted only if that adapter (or the entry itself) is still the
-    champion when its turn comes. Otherwise an operator moved the champion meanwhile (a rollback,
-    say): the entry is registered without promotion and tagged `adaptive_spec.not_promoted`. In the
-    example above, v0004 lands and becomes champion; if an operator then rolls back before v0005's
-    turn, v0005 (trained from v0004) no longer matches and stays a plain version.
-    """
-
-    def __init__(self, registry: AdapterRegistry, queue_file: Path, *, by: str = "trainer", retry_s: float = 10.0):
-        self.registry = registry
-        self.queue_file = Path(queue_file)
-        self.by = by
-        self.retry_s = retry_s
-        self.registered: list[str] = []  # registry versions made by this object, in order
-        self.not_promoted: list[str] = []  # those of them left unpromoted: their lineage was abandoned
-        self.failures = 0  # attempts that found MLflow unavailable
-        self._flush_lock = threading.Lock()  # one flush at a time
-        self._file_lock = threading.Lock()  # the queue file; never held across an MLflow call
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, adapter) -> None:
-        """on_promote(AdapterVersion): never raises for MLflow and never waits for it."""
-        entry = {"path": str(Path(adapter.path).resolve()), "queued_at": time.time()}
-        if hasattr(adapter, "parent_sha256"):  # what it was trained from: the champion it may replace
-            entry.update(parent_sha256=adapter.parent_sha256, sha256=adapter.sha256)
-        with self._file_lock:
-            queue = self._read()
-            queue.append(entry)
-            self._write(queue)
-        self._wake.set()
-        if self._thread is None:  # no background thread: try now, in the caller's thread
-            self.flush()
-
-    def pending(self) -> list[dict]:
-        with self._file_lock:
-            return self._read()
-
-    def flush(self) -> int:
-        """Register what is queued, oldest first; returns how many are left."""
-        with self._flush_lock:
-            while True:
-                queue = self.pending()
-                if not queue:
-                    return 0
-                entry = queue[0]
-                try:
-                    abandoned = self._abandoned(entry)
-                    version = self.registry.register(Path(entry["path"]), by=self.by, promote=abandoned is None)
-                    if abandoned is not None:
-                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
-                        log.warning(
-                            "registered %s as version %s without promoting it: %s", entry["path"], version, abandoned
-                        )
-                        self.not_promoted.append(version)
-                    self.registered.append(version)
-                except RegistryUnavailable as exc:
-                    self.failures += 1
-                    log.warning(
-                        "%d adapter(s) wait for MLflow (%s); retrying every %.0f s", len(queue), exc, self.retry_s
-                    )
-                    return len(queue)
-                except (RegistryError, OSError, json.JSONDecodeError) as exc:
-                    log.error("dropping %s from the registration queue: %s", entry["path"], exc)
-                with self._file_lock:  # submit() may have appended meanwhile: remove this entry only
-                    queue = self._read()
-                    if queue and queue[0] == entry:
-                        queue.pop(0)
-                    self._write(queue)
-
-    def _abandoned(self, entry: dict) -> str | None:
-        """Why the entry must not move champion (an operator moved it off its parent), or None."""
-        if "parent_sha256" not in entry:  # queued by an older trainer, or by hand: promote as before
-            return None
-        served = self.registry.served()
-        parent, own = entry["parent_sha256"], entry.get("sha256")
-        if served.version is None:
-            holds = parent is None
-        else:
-            holds = served.sha256 is not None and served.sha256 in (parent, own)
-        if holds:
-            return None
-        trained_from = "the base draft" if parent is None else f"the adapter with sha256 {parent[:12]}"
-        return (
-            f"it was trained from {trained_from}, but the champion is now "
-            f"{'the base draft' if served.version is None else 'version ' + served.version} "
-            f"(moved by {served.by}); promote it by hand if you want it"
-        )
-
-    def start(self) -> PendingRegistrations:
-        self._thread = threading.Thread(target=self._run, name="registry-sync", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """Stop the thread after one last try; returns how many adapters are still queued (kept on disk)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        left = len(self.pending())
-        if left:
-            log.warning(
-                "%d adapter(s) not yet registered; the next `adaptive-spec train` retries them (%s)",
-                left,
-                self.queue_file,
-            )
-        return left
-
-    def _run(self) -> None:
-        while True:
-            left = self.flush()
-            if self._stop.is_set():
-                return
-            self._wake.wait(self.retry_s if left else None)
-            self._wake.clear()
-
-    def _read(self) -> list[dict]:
-        if not self.queue_file.is_file():
-            return []
-        return json.loads(self.queue_file.read_text() or "[]")
-
-    def _write(self, queue: list[dict]) -> None:
-        self.queue_file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.queue_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(queue, indent=1) + "\n")
-        os.replace(temporary, self.queue_file)
-
-
-class RegistryChampion:
-    """What the registry serves, for the trainer (`OnlineTrainer(champion_source=...)`).
-
-        source = RegistryChampion(registry, pending)
-        source.served()      # ServedChampion("4", "9f2c...", "cli:alice@host"), or None while pending is not empty
-        source.download("4", Path("/tmp/x"))   # the version's adapter directory
-        source.version_of("9f2c...")           # "4": the version holding these weights (for the log)
-
-    While some of the trainer's own promotions still wait in `pending`, the registry lags behind the
-    trainer and says nothing about operators: `served()` answers None and the trainer keeps its
-    champion. Once the queue is empty, a champion other than the trainer's is someone else's doing
-    (or a registration that could not promote) and the trainer adopts it. Raises RegistryUnavailable
-    when MLflow is down.
-    """
-
-    def __init__(self, registry: AdapterRegistry, pending: PendingRegistrations | None = None) -> None:
-        self.registry = registry
-        self.pending = pending
-
-    def served(self) -> ServedChampion | None:
-        if self.pending is not None and self.pending.pending():
-            return None
-        return self.registry.served()
-
-    def download(self, version: str, destination: Path) -> Path:
-        return self.registry.download(version, destination)
-
-    def version_of(self, sha256: str) -> str | None:
-        """The oldest version holding these weights, or None."""
-        return self.registry.version_of(sha256)

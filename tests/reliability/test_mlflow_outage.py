@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_support import MlflowServer, write_adapter
 from support import BackgroundLoad, eventually, tiny_target
 
-from trainer.registry import AdapterRegistry, PendingRegistrations
+from trainer.pending import PendingRegistrations
+from trainer.registry import AdapterRegistry
 
 pytestmark = pytest.mark.redis
 

@@ -37,8 +37,9 @@ from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import WEIGHTS_FILE
+from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
 from service.watcher import AdapterWatcher
-from trainer.registry import MODEL_NAME, AdapterRegistry
+from trainer.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -277,8 +278,6 @@ def _artifact_dir(registry: AdapterRegistry, version: str) -> Path:
 
 def _subscribed(redis_url: str) -> bool:
     import redis
-
-    from trainer.registry import ADAPTER_EVENTS
 
     client = redis.Redis.from_url(redis_url)
     try:

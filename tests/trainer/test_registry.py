@@ -36,14 +36,9 @@ from tiny import llama, tiny_target
 
 from adaptive_spec import cli
 from adaptive_spec.adapters import WEIGHTS_FILE, sha256_file
-from trainer.registry import (
-    ADAPTER_EVENTS,
-    MODEL_NAME,
-    AdapterRegistry,
-    PendingRegistrations,
-    RegistryError,
-    RegistryUnavailable,
-)
+from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from trainer.pending import PendingRegistrations
+from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

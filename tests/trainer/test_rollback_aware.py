@@ -32,14 +32,17 @@ from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
 from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
+from adaptive_spec.contracts import NOT_PROMOTED_TAG, OUTSIDE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from service.local_redis import free_port
 from trainer.buffer import HoldoutSplit
+from trainer.champion import RegistryChampion
 from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
 from trainer.online import OnlineTrainer, RoundResult
-from trainer.registry import NOT_PROMOTED_TAG, OUTSIDE, AdapterRegistry, PendingRegistrations, RegistryChampion
+from trainer.pending import PendingRegistrations
+from trainer.registry import AdapterRegistry
 from trainer.stream import CorrectionStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
