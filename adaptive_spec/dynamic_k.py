@@ -1,32 +1,39 @@
-"""Choosing how many tokens to draft at each step.
+"""Choosing how many tokens to draft at each step of a batch.
 
 Drafting k tokens that are each accepted with probability `alpha` (independently, the usual
-model) yields, per target forward,
+model) yields, per row and target forward,
 
-    tokens(k) = (1 - alpha ** (k + 1)) / (1 - alpha)          (accepted + recovered/bonus)
+    tokens(alpha, k) = (1 - alpha ** (k + 1)) / (1 - alpha)       (accepted + recovered/bonus)
 
-and costs, in units of one plain target step (one target forward on one token),
+A step of a batch of n rows costs k draft forwards over the n rows plus one target forward over
+n x (k + 1) tokens:
 
-    cost(k) = k * draft_cost + verify_cost(k)
+    time(k) = k * draft_s(n) + target_s(n * (k + 1))
 
-where `draft_cost` is one draft forward and `verify_cost(k)` one target forward on k + 1 tokens,
-both relative to a plain target step. Plain decoding is k = 0: one token for a cost of 1. The
-policy picks the k in 0..k_max with the most tokens per unit of cost.
+and the batch emits the sum of its rows' tokens. Plain decoding is k = 0: n tokens for
+target_s(n). The policy picks the k in 0..k_max with the most tokens per second for the batch,
+from each row's own acceptance estimate. Costs are measured, not assumed: the engine reports the
+wall time of every forward, and `StepCosts` keeps a moving average per number of tokens fed.
 
-Worked example (the default model on this CPU: a draft step 0.3 of a target step, verifying
-costs about 1 + 0.1 k):
+A target forward is memory-bound while it feeds few tokens and compute-bound past that, so the
+cost of a token depends on how many share the forward. Worked example with the default model
+on this CPU (fp32, 2 cores): a target forward over 1 / 2 / 4 / 8 / 16 tokens costs about
+31 / 32 / 47 / 76 / 107 ms, and an `early-exit:4` draft forward with the restricted head 0.15
+of a target forward over as many rows (4.6 ms for one row, 7.1 ms for four):
 
-- alpha = 0.8: k=2 gives 2.44 / 1.8 = 1.36, k=3 gives 2.95 / 2.2 = 1.34, so k = 2, a 1.36x
-  speedup over plain decoding;
-- alpha = 0.5: k=1 gives 1.5 / 1.4 = 1.07, k=2 gives 1.75 / 1.8 = 0.97, so k = 1;
-- alpha = 0.06 (an untrained early exit): k=1 gives 1.06 / 1.4 = 0.76 < 1, so k = 0: the
-  engine decodes plainly and loses nothing. Every `probe_every` plain steps it drafts one
-  token to keep measuring alpha, so a draft that gets better is noticed.
+- 1 row, alpha = 0.7: k=0 gives 1 token / 31 ms = 32 tok/s; k=1 gives 1.7 / (4.6 + 32) ms =
+  46 tok/s; k=2 gives 2.19 / (9.3 + 39.5) ms = 45 tok/s. So k = 1. At alpha = 0.9, k = 3:
+  3.44 / (13.9 + 47) ms = 56 tok/s, 1.75x plain decoding.
+- 4 rows at alpha = 0.7: k=0 gives 4 / 47 ms = 85 tok/s; k=1 gives 6.8 / (7.1 + 76) ms =
+  82 tok/s; k=2 gives 8.76 / (14.1 + 91.5) ms = 83 tok/s. So k = 0: a verify of 4 rows x 2
+  tokens is compute-bound, and drafting no longer pays. At alpha = 0.9 it still does: k = 3
+  gives 13.8 / (21.2 + 107) ms = 107 tok/s, 1.26x.
+- alpha = 0.06 (an untrained early exit): k = 0 at every batch size. Every `probe_every` plain
+  steps the batch drafts one token per row to keep measuring alpha, so a draft that gets better
+  is noticed.
 
-Costs are measured, not assumed: the engine reports the wall time of every draft and verify
-forward and the policy keeps moving averages, per k for verification. They belong to the
-hardware and the model pair, so they persist across requests. Acceptance belongs to the text:
-each request starts from the engine-wide estimate and then follows its own.
+Acceptance belongs to the text: each row starts from the engine-wide estimate and then follows
+its own; the costs belong to the hardware and the model pair and persist across requests.
 """
 
 from __future__ import annotations
@@ -46,52 +53,71 @@ def _ema(old: float | None, new: float, weight: float) -> float:
 
 
 @dataclass
+class StepCosts:
+    """Seconds of one forward by the number of tokens it feeds (rows x tokens per row).
+
+    Where a size was measured, its moving average; between two measured sizes, the straight
+    line between them; outside, the nearest measurement scaled by the prior shape
+    `1 + slope * (tokens - 1)` (a forward's cost is roughly affine in its tokens).
+    """
+
+    slope: float = 0.2  # prior: each extra token fed costs this fraction of a one-token forward
+    decay: float = 0.1
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.seconds[tokens] = _ema(self.seconds.get(tokens), seconds, self.decay)
+
+    def prior(self, tokens: int) -> float:
+        return 1.0 + self.slope * (tokens - 1)
+
+    def estimate(self, tokens: int) -> float | None:
+        if tokens in self.seconds:
+            return self.seconds[tokens]
+        below = [t for t in self.seconds if t < tokens]
+        above = [t for t in self.seconds if t > tokens]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return self.seconds[lo] + (self.seconds[hi] - self.seconds[lo]) * (tokens - lo) / (hi - lo)
+        if not below and not above:
+            return None
+        near = max(below) if below else min(above)
+        return self.seconds[near] * self.prior(tokens) / self.prior(near)
+
+
+@dataclass
 class DynamicK:
     k_max: int = 8
     probe_every: int = 16  # plain steps between one-token probes while drafting does not pay
-    prior_draft_cost: float = 0.3  # relative to a plain target step, until measured
-    prior_verify_slope: float = 0.1  # extra cost per verified token, until measured
+    prior_draft_cost: float = 0.3  # a draft forward relative to a target forward over as many rows, until measured
     decay: float = 0.1  # weight of the newest observation in the moving averages
 
-    draft_s: float | None = None  # one draft forward, seconds
-    verify_s: dict[int, float] = field(default_factory=dict)  # k -> one verify forward on k+1 tokens, seconds
-    engine_alpha: float = 0.5  # across requests
-    alpha: float = 0.5  # this request
+    target: StepCosts = field(default_factory=StepCosts)  # by tokens fed
+    draft: StepCosts = field(default_factory=StepCosts)  # one draft forward, by rows fed
+    engine_alpha: float = 0.5  # across requests; where every new row starts
     _plain_steps: int = 0
 
-    def start_request(self) -> None:
-        self.alpha = self.engine_alpha
-        self._plain_steps = 0
+    def target_s(self, tokens: int) -> float:
+        measured = self.target.estimate(tokens)
+        return measured if measured is not None else self.target.prior(tokens)
 
-    def draft_cost(self) -> float:
-        plain = self.verify_s.get(0)
-        if self.draft_s is None or plain is None:
-            return self.prior_draft_cost
-        return self.draft_s / plain
+    def draft_s(self, rows: int) -> float:
+        measured = self.draft.estimate(rows)
+        return measured if measured is not None else self.prior_draft_cost * self.target_s(rows)
 
-    def verify_cost(self, k: int) -> float:
-        """Measured where k was seen; elsewhere the nearest measurement, extended by a slope."""
-        plain = self.verify_s.get(0)
-        if plain is None or k not in self.verify_s:
-            seen = [j for j in self.verify_s if j > 0]
-            slope = self.prior_verify_slope
-            if plain is not None and seen:
-                slope = sum((self.verify_s[j] / plain - 1.0) / j for j in seen) / len(seen)
-                slope = max(slope, 0.0)
-            return 1.0 + slope * k
-        return self.verify_s[k] / plain
-
-    def choose(self, limit: int) -> int:
-        """The k for the next step, at most `limit` (what remains of the budget)."""
-        limit = min(limit, self.k_max)
-        if limit <= 0:
+    def choose(self, alphas: list[float], limits: list[int]) -> int:
+        """The k for the next step of a batch whose rows have these acceptance estimates and may
+        draft at most `limits[i]` tokens (0: the row decodes plainly this step)."""
+        k_limit = min(max(limits, default=0), self.k_max)
+        if k_limit <= 0:
             return 0
-        draft_cost = self.draft_cost()
-        best_k, best = 0, 1.0
-        for k in range(1, limit + 1):
-            gain = expected_tokens(self.alpha, k) / (k * draft_cost + self.verify_cost(k))
-            if gain > best:
-                best_k, best = k, gain
+        n, drafting = len(alphas), sum(1 for lim in limits if lim > 0)
+        best_k, best = 0, n / self.target_s(n)
+        for k in range(1, k_limit + 1):
+            tokens = sum(expected_tokens(a, min(k, lim)) for a, lim in zip(alphas, limits, strict=True))
+            rate = tokens / (k * self.draft_s(drafting) + self.target_s(n * (k + 1)))
+            if rate > best:
+                best_k, best = k, rate
         if best_k == 0:
             self._plain_steps += 1
             if self._plain_steps >= self.probe_every:
@@ -99,31 +125,44 @@ class DynamicK:
                 return 1
         return best_k
 
-    def observe(
-        self, k: int, num_accepted: int, draft_s: float, draft_forwards: int, verify_s: float, catch_up: bool = False
+    def observe_step(
+        self,
+        rows: int,
+        width: int,
+        verify_s: float,
+        draft_rows: int,
+        draft_forwards: int,
+        draft_s: float,
+        catch_up: bool = False,
     ) -> None:
-        """Fold in one step: k drafted, num_accepted kept, and the time each model took.
+        """Fold in one step's timings: a target forward over rows x width tokens, and
+        `draft_forwards` draft forwards that started over `draft_rows` rows.
 
-        `catch_up` marks a step whose first draft forward also fed context the draft had not
-        seen (after plain steps: up to `probe_every` tokens). Its time is not a draft step's
-        cost, so it is left out; counting it once made a trained draft look 3x dearer than it
-        is and kept the engine decoding plainly.
+        `catch_up` marks a step where a row first fed context the draft had not seen in a
+        forward of its own (after plain steps). Its time is not a draft step's cost, so it is
+        left out; counting it made a trained draft look 3x dearer than it is.
         """
-        self.verify_s[k] = _ema(self.verify_s.get(k), verify_s, self.decay)
+        self.target.observe(rows * width, verify_s)
         if draft_forwards and not catch_up:
-            self.draft_s = _ema(self.draft_s, draft_s / draft_forwards, self.decay)
-        if k:
-            # The step is evidence on num_accepted successes and, if one was rejected, a failure.
-            # Weighted so that a draft which got better is noticed within a few probes: from
-            # alpha 0.05, two accepted one-token probes give 0.34, then 0.54, and k = 1 pays.
-            trials = num_accepted + (num_accepted < k)
-            observed = num_accepted / trials
-            self.alpha = _ema(self.alpha, observed, min(0.5, 0.3 * trials))
-            self.engine_alpha = _ema(self.engine_alpha, observed, min(1.0, 0.25 * trials) * self.decay)
+            self.draft.observe(draft_rows, draft_s / draft_forwards)
+
+    def observe_row(self, alpha: float, k: int, num_accepted: int) -> float:
+        """A row drafted k and num_accepted were kept: its new acceptance estimate.
+
+        The step is evidence on num_accepted successes and, if one was rejected, a failure.
+        Weighted so that a draft which got better is noticed within a few probes: from alpha
+        0.05, two accepted one-token probes give 0.34, then 0.54, and k = 1 pays.
+        """
+        if not k:
+            return alpha
+        trials = num_accepted + (num_accepted < k)
+        observed = num_accepted / trials
+        self.engine_alpha = _ema(self.engine_alpha, observed, min(1.0, 0.25 * trials) * self.decay)
+        return _ema(alpha, observed, min(0.5, 0.3 * trials))
 
     def new_draft(self, expected_alpha: float | None) -> None:
         """The draft changed (an adapter swap): re-measure its cost, and start from what the
         trainer measured on held-out traffic for it (its greedy match), when known."""
-        self.draft_s = None
+        self.draft = StepCosts(decay=self.decay)
         if expected_alpha is not None:
-            self.engine_alpha = self.alpha = float(expected_alpha)
+            self.engine_alpha = float(expected_alpha)

@@ -1,114 +1,47 @@
-"""The engine: lossless speculative decoding for one request at a time.
+"""The engine: lossless speculative decoding for one request or a batch of them.
 
     from adaptive_spec import Engine
     engine = Engine.from_pretrained("smollm2-135m-instruct", draft="early-exit:4")
     out = engine.generate([{"role": "user", "content": "Name three rivers."}], max_new_tokens=64)
     print(out.text, out.stats.mean_acceptance_length)
+    outs = engine.generate_batch(["Name a river.", "Name a lake."], max_new_tokens=32)   # decoded together
 
-Each decoding step is draft -> verify -> accept -> commit (`_decode`). The target's KV cache
-always holds every context token but the last, the *pending* token, which is the first input
-of the next verification. With k drafts the target runs once on [pending, d1..dk] and returns
-k + 1 next-token distributions; the step emits the accepted drafts plus one recovered or bonus
-token, and both caches are rolled back to the accepted context. `speculative=False` runs the
-same loop with k = 0, which is plain decoding: the baseline every speed figure divides by.
+The engine holds the models, the drafter, the dynamic-k policy and the served adapter. Decoding
+happens in a `Batch` (batch.py): `generate` and `stream` decode one request in a batch of one,
+`generate_batch` decodes many with continuous batching, and a server keeps one long-lived batch
+that requests join and leave between steps (`new_batch`). Each step is draft -> verify ->
+accept -> commit over every row. `speculative=False` runs a row with k = 0, which is plain
+decoding by the target alone: the baseline every speed figure divides by.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from adaptive_spec import cpu_linear, kv
-from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
-from adaptive_spec.drafters import Drafter, Proposal
+from adaptive_spec import attention, cpu_linear
+from adaptive_spec.batch import Batch
+from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
-from adaptive_spec.sampling import SamplingParams, logits_to_probs
-from adaptive_spec.stats import RequestStats, StepStats
+from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
+from adaptive_spec.sampling import SamplingParams
 
 DEFAULT_DRAFT = "early-exit:4"
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-class InputError(ValueError):
-    """A request the engine refuses, with a message meant for the caller."""
-
-
-@dataclass
-class GenerationOutput:
-    token_ids: list[int]  # generated tokens only; EOS, or the token completing a stop string, included
-    text: str | None  # None without a tokenizer; ends before a stop string, which it does not contain
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
-    stats: RequestStats
-    prompt_ids: list[int]
-    proposed: list[int]  # [n_out] the draft token proposed at each output position, or -1
-    accepted: list[bool]  # [n_out] whether the output token is an accepted draft token
-    target_topk_ids: torch.Tensor | None = None  # [n_out, m] the target's top-m tokens per position
-    target_topk_logprobs: torch.Tensor | None = None  # [n_out, m] their log-probabilities
-
-
-@dataclass
-class Chunk:
-    """What one decoding step adds while streaming. The last chunk carries the whole output."""
-
-    token_ids: list[int]
-    finish_reason: str | None = None
-    output: GenerationOutput | None = None
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    params: SamplingParams
-    k: int | None
-    stop: tuple[str, ...]
-    drafter: Drafter | None
-    generator: torch.Generator | None
-
-
-@dataclass
-class _Trace:
-    """Per output position: what was proposed, what was kept, and the target's top-m."""
-
-    topk: int
-    proposed: list[int] = field(default_factory=list)
-    accepted: list[bool] = field(default_factory=list)
-    topk_ids: list[torch.Tensor] = field(default_factory=list)  # each [emitted, m]
-    topk_logprobs: list[torch.Tensor] = field(default_factory=list)
-
-    def record(self, proposal: Proposal, verdict: Verdict, target_logits: torch.Tensor) -> None:
-        drafted = proposal.tokens.tolist()
-        n = verdict.num_accepted
-        self.proposed += drafted[: n + 1] + [-1] * (n + 1 - len(drafted[: n + 1]))
-        self.accepted += [True] * n + [False]
-        if self.topk:
-            logprobs = torch.log_softmax(target_logits[: n + 1].float(), dim=-1)  # [n + 1, vocab]
-            top = logprobs.topk(self.topk, dim=-1)
-            self.topk_ids.append(top.indices)
-            self.topk_logprobs.append(top.values)
-
-    def truncate(self, length: int) -> None:
-        del self.proposed[length:], self.accepted[length:]
-
-    def stacked(self, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not self.topk:
-            return None, None
-        ids = torch.cat(self.topk_ids)[:length].cpu() if self.topk_ids else torch.zeros(0, self.topk, dtype=torch.long)
-        values = torch.cat(self.topk_logprobs)[:length].cpu() if self.topk_logprobs else torch.zeros(0, self.topk)
-        return ids, values
-
-
-SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine._request)
+SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
 
 
 class Engine:
@@ -137,9 +70,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.vocab_size = _vocab_size(target)
         self.drafter = _make_drafter(draft, target, self.vocab_size, self.device)
-        cpu_linear.install(self.target)  # fp32 on the CPU only (cpu_linear.applies): ~2x faster decoding steps
-        if isinstance(self.drafter, ModelDrafter):
-            cpu_linear.install(self.drafter.model)
+        for model in (self.target, self.drafter.model) if isinstance(self.drafter, ModelDrafter) else (self.target,):
+            cpu_linear.install(model)  # fp32 on the CPU only (cpu_linear.applies): ~2x faster decoding steps
+            attention.use(model)  # a padded batch's masked attention without copying K/V per query head
         self.k = k
         self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
         self.target_id = target_id
@@ -149,8 +82,8 @@ class Engine:
         self._base_layers = None  # the draft's layers as built, kept to merge adapters onto
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
-        self._request_lock = threading.Lock()  # one request at a time: caches are per engine
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
+        self._batches: weakref.WeakSet[Batch] = weakref.WeakSet()  # open batches, told when the draft changes
 
     @classmethod
     def from_pretrained(
@@ -212,15 +145,41 @@ class Engine:
         """Yield the tokens of each decoding step as it finishes; the last chunk holds the output.
 
         Input is checked here, before the first chunk is asked for: a bad request raises
-        `InputError` from this call. The engine decodes one request at a time; a stream that is
-        left half read holds it until the stream is closed.
+        `InputError` from this call. The request decodes in a batch of its own; several streams
+        may run at once from different threads, one step at a time each.
         """
-        request = self._request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative)
-        return self._locked(request)
+        return self._stream(self.request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative))
 
-    def _locked(self, request: _Request) -> Iterator[Chunk]:
-        with self._request_lock:
-            yield from self._decode(request)
+    def _stream(self, request: Request) -> Iterator[Chunk]:
+        batch = self.new_batch(1)
+        batch.add(request)
+        while len(batch):
+            for _, chunk in batch.step():
+                yield chunk
+
+    def generate_batch(
+        self, prompts: list, max_new_tokens: int = 64, max_batch: int = 8, **kwargs
+    ) -> list[GenerationOutput]:
+        """Generate for many prompts with continuous batching: up to `max_batch` decode together,
+        and the next prompt joins as soon as a row finishes. Keyword arguments as for `generate`,
+        the same for every prompt. Outputs come back in the order of the prompts."""
+        requests = deque(enumerate(self.request(p, max_new_tokens, **kwargs) for p in prompts))
+        outputs: list[GenerationOutput | None] = [None] * len(prompts)
+        batch, index = self.new_batch(max_batch), {}
+        while requests or len(batch):
+            while requests and not batch.full:
+                i, request = requests.popleft()
+                index[batch.add(request)] = i
+            for row, chunk in batch.step():
+                if chunk.output is not None:
+                    outputs[index.pop(row)] = chunk.output
+        return outputs
+
+    def new_batch(self, max_rows: int) -> Batch:
+        """An empty batch of up to `max_rows` rows over this engine's models (see batch.py)."""
+        batch = Batch(self, max_rows)
+        self._batches.add(batch)
+        return batch
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids for a prompt given as ids, a string, or chat messages."""
@@ -291,126 +250,17 @@ class Engine:
     def _swap_layers(self, layers, version: str | None, vocab: list[int] | None, expected_alpha: float | None) -> float:
         with self.step_lock:
             held = time.perf_counter()
-            self.drafter.model.model.layers = layers
+            self.drafter.swap_layers(layers)
             self.drafter.restrict_vocab(vocab)
-            self.drafter.invalidate()
             self.policy.new_draft(expected_alpha)
+            for batch in list(self._batches):
+                batch.draft_changed()
             self.adapter_version = version
             return time.perf_counter() - held
 
-    # ---------------------------------------------------------------- the loop
+    # ---------------------------------------------------------------- what a batch asks of the engine
 
-    def _decode(self, req: _Request) -> Iterator[Chunk]:
-        started = time.perf_counter()
-        ids = list(req.prompt_ids)  # the context; its last token is pending (not yet in the cache)
-        stats, trace = RequestStats(adapter_version=self.adapter_version), _Trace(self.record_topk)
-        cache = self._prefill(ids, req, stats)
-        out: list[int] = []
-        finish = None
-        while finish is None:
-            with self.step_lock:
-                proposal, draft_s = self._draft(req, ids, self._choose_k(req, len(out), len(ids)))
-                target_logits, verify_s = self._verify(cache, ids[-1], proposal.tokens)
-                verdict = self._accept(req, proposal, target_logits)
-                emitted = self._commit(req, cache, ids, proposal, verdict)
-            trace.record(proposal, verdict, target_logits)
-            out += emitted
-            finish, keep = self._finish(req, out, len(ids))
-            cut = len(out) - keep
-            del out[keep:]
-            stats.add(
-                StepStats(
-                    len(proposal.tokens), verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s
-                )
-            )
-            self.policy.observe(
-                len(proposal.tokens),
-                verdict.num_accepted,
-                draft_s,
-                proposal.forwards,
-                verify_s,
-                catch_up=proposal.fed > 2,
-            )
-            if finish is None:
-                yield Chunk(emitted)
-        trace.truncate(len(out))
-        stats.wall_s = time.perf_counter() - started
-        stats.adapter_version = self.adapter_version  # the version at the end, if a swap came mid-request
-        topk_ids, topk_logprobs = trace.stacked(len(out))
-        output = GenerationOutput(
-            out,
-            _cut_at_stop(self.decode(out), req.stop),
-            finish,
-            stats,
-            list(req.prompt_ids),
-            trace.proposed,
-            trace.accepted,
-            topk_ids,
-            topk_logprobs,
-        )
-        yield Chunk(emitted[: len(emitted) - cut], finish, output)
-
-    # ---------------------------------------------------------------- the four verbs and their helpers
-
-    def _choose_k(self, req: _Request, generated: int, context: int) -> int:
-        """Draft no more than the budget can use: the step emits k + 1 tokens at most."""
-        limit = req.max_new_tokens - generated - 1
-        if self.max_context is not None:
-            limit = min(limit, self.max_context - context - 1)
-        if req.drafter is None or limit <= 0:
-            return 0
-        if req.k is None and generated == 0:  # time to first token: the first step is the target's alone
-            return 0
-        return min(req.k, limit) if req.k is not None else self.policy.choose(limit)
-
-    def _draft(self, req: _Request, ids: list[int], k: int) -> tuple[Proposal, float]:
-        if k == 0:
-            return Proposal(torch.zeros(0, dtype=torch.long, device=self.device), None), 0.0
-        started = self._clock()
-        proposal = req.drafter.propose(ids, k, req.params, req.generator)
-        return proposal, self._clock() - started
-
-    @torch.inference_mode()
-    def _verify(self, cache, pending: int, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """One target forward on [pending, d1..dk]: logits [k + 1, vocab]."""
-        started = self._clock()
-        inputs = torch.cat([torch.tensor([pending], device=self.device), draft_tokens])[None]  # [1, k + 1]
-        logits = self.target(input_ids=inputs, past_key_values=cache, use_cache=True).logits[0]  # [k + 1, vocab]
-        return logits, self._clock() - started
-
-    def _accept(self, req: _Request, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
-        if req.params.greedy:
-            return greedy_accept(proposal.tokens, target_logits)
-        target_probs = logits_to_probs(target_logits, req.params)  # [k + 1, vocab]
-        return rejection_sample(proposal.tokens, proposal.probs, target_probs, req.generator)
-
-    def _commit(self, req: _Request, cache, ids: list[int], proposal: Proposal, verdict: Verdict) -> list[int]:
-        """Extend the context and roll both caches back to it; return the emitted tokens."""
-        emitted = proposal.tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
-        ids += emitted
-        kv.rollback(cache, len(ids) - 1)
-        if req.drafter is not None:
-            req.drafter.rollback(len(ids) - 1)
-        return emitted
-
-    @torch.inference_mode()
-    def _prefill(self, ids: list[int], req: _Request, stats: RequestStats):
-        started = self._clock()
-        cache = kv.new_cache(self.target)
-        if len(ids) > 1:
-            self.target(
-                input_ids=torch.tensor([ids[:-1]], device=self.device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        if req.drafter is not None:
-            req.drafter.reset(ids)
-        self.policy.start_request()
-        stats.prefill_s = self._clock() - started
-        return cache
-
-    def _finish(self, req: _Request, out: list[int], context: int) -> tuple[str | None, int]:
+    def finish(self, req: Request, out: list[int], context: int) -> tuple[str | None, int]:
         """Whether the output is complete, and how many of its tokens to keep."""
         for i, token in enumerate(out):
             if token in self.eos_ids:
@@ -425,14 +275,26 @@ class Engine:
             return "length", len(out)
         return None, len(out)
 
-    def _clock(self) -> float:
+    def clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
     # ---------------------------------------------------------------- input handling
 
-    def _request(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative) -> _Request:
+    def request(
+        self,
+        prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        k: int | None = None,
+        stop: str | list[str] | None = None,
+        speculative: bool = True,
+    ) -> Request:
+        """A checked request, ready to join a batch; raises `InputError` for bad input."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if k is not None and (not isinstance(k, int) or k < 0):
@@ -449,14 +311,14 @@ class Engine:
         if not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        drafter = self.drafter if speculative and k != 0 else None
+        speculative = bool(speculative) and k != 0 and self.drafter is not None
         k = k if k is not None else self.k
         if k is None and seed is not None and not params.greedy:
             # Dynamic k follows measured timings, and a different k consumes the random stream
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the
             # same draft and adapter version); the distribution is the target's either way.
             k = SEEDED_K
-        return _Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, drafter, generator)
+        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator)
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         tokenizer = self._need_tokenizer("chat messages")
@@ -485,14 +347,6 @@ def _tokens_until_stop(engine: Engine, out: list[int], stops: tuple[str, ...]) -
         if any(s in text for s in stops):
             return n
     return len(out)
-
-
-def _cut_at_stop(text: str | None, stops: tuple[str, ...]) -> str | None:
-    """The text before the first stop string, which is not part of the output (as in OpenAI's API)."""
-    if text is None or not stops:
-        return text
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 def _vocab_size(model) -> int:

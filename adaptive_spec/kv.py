@@ -1,31 +1,217 @@
-"""KV-cache handling shared by the target and model drafts."""
+"""The KV cache of a batch of rows, each with its own length: a padded cache.
+
+Rows of a batch hold contexts of different lengths and accept different numbers of draft tokens
+at each step, so each row is rolled back by its own amount. The cache keeps, per layer, one
+buffer `[rows, kv_heads, capacity, head_dim]` for keys and one for values, and per row the
+number of valid positions. Row r's context occupies positions `[0, lengths[r])` of its buffer
+row; whatever lies past that is garbage that no query can see.
+
+A forward over the batch feeds each row a few tokens, padded to one width. Real token i of row r
+has position `lengths[r] + i`; its key and value are written there, and it attends to positions
+`[0, lengths[r] + i]` (`BatchCache.inputs` builds the position ids and the 4D mask). After the forward the caller says how many of the fed tokens are now context
+(`set_length`): rolling back is just a smaller length, so a rejected draft costs nothing.
+
+Example: row 0 has 10 cached tokens and verifies [pending, d1, d2, d3]; row 1 has 6 and
+verifies [pending] (padded to 4). Row 0 writes positions 10..13, row 1 writes 6..9, of which
+7..9 are padding. Row 0 accepts d1 only: its context is the 10 + pending + d1, plus the
+recovered token that is not yet cached, so `set_length(0, 12)`. Row 1: `set_length(1, 7)`.
+
+`BatchCache` has the one method transformers' attention layers call, `update`. Memory: a row
+costs `2 * layers * kv_heads * head_dim * 4` bytes per token in fp32; for the default model
+(30 layers, 3 KV heads of 64) that is 46 KB per token, 5.9 MB for a 128-token context, and the
+`early-exit:4` draft adds 6 KB per token. Capacity grows in steps of `GROW` tokens as the
+longest row needs it, so a batch holds at most `rows x context limit` positions.
+"""
 
 from __future__ import annotations
 
-import inspect
+import itertools
 
-from transformers import DynamicCache
+import torch
 
-# transformers 5 crops by a negative count of tokens to drop; 4.x took the new absolute length.
-_CROP_TAKES_COUNT = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
-
-
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+GROW = 256  # tokens of capacity added at a time
 
 
-def cache_len(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
+class BatchCache:
+    """KV buffers for up to `max_rows` rows. Rows are 0..n-1; `remove_row` keeps them packed."""
+
+    def __init__(self, num_layers: int, device: torch.device | str = "cpu"):
+        self.num_layers = num_layers
+        self.device = torch.device(device)
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # each [row_capacity, kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths: list[int] = []  # [n] valid positions per row
+        self._capacity = 0  # positions per row allocated
+        self._active: slice | torch.Tensor = slice(0, 0)  # the rows the running forward covers
+        self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
+        self._kv_len = 0  # positions the running forward attends over
+
+    @classmethod
+    def for_model(cls, model) -> BatchCache:
+        return cls(model.config.num_hidden_layers, next(model.parameters()).device)
+
+    # ------------------------------------------------------------------ rows
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.lengths)
+
+    def add_row(self) -> int:
+        """A new empty row at the end; returns its index."""
+        self.lengths.append(0)
+        return len(self.lengths) - 1
+
+    @torch.inference_mode()
+    def remove_row(self, row: int) -> None:
+        """Drop `row`; the last row moves into its place (the caller moves its own records alike)."""
+        last = len(self.lengths) - 1
+        if row != last:
+            n = self.lengths[last]
+            for buffers in (self.keys, self.values):
+                for layer in buffers:
+                    if layer is not None and n:
+                        layer[row, :, :n] = layer[last, :, :n]
+            self.lengths[row] = n
+        self.lengths.pop()
+
+    def set_length(self, row: int, length: int) -> None:
+        """Row `row` now holds `length` valid positions (at most what was written)."""
+        self.lengths[row] = length
+
+    def clear(self) -> None:
+        """Forget every row's positions (their keys and values came from other weights)."""
+        self.lengths = [0] * len(self.lengths)
+
+    # ------------------------------------------------------------------ a forward
+
+    def inputs(self, rows: list[int], fed: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend)
+        for feeding `fed[i]` tokens to row `rows[i]`, right-aligned in `width` columns, and point
+        `update` at those rows.
+
+        Right-aligned, every row's last token is in the last column (`logits_to_keep=1` works for
+        all rows). The padding columns in front get the positions just past the row's real
+        tokens, so their keys land where no real query looks, and the row's real tokens keep
+        positions `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2
+        tokens in width 4 gets positions [7, 8, 5, 6].
+        """
+        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
+        pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
+        columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
+        positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
+        kv_len = int(positions.max()) + 1
+        self._reserve(len(self.lengths), kv_len)
+        self._active = (
+            slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=self.device)
+        )
+        self._positions = positions
+        self._kv_len = kv_len
+        keys = torch.arange(kv_len, device=self.device)  # [kv_len]
+        mask = keys[None, None, :] <= positions[:, :, None]  # [n, width, kv_len]
+        return positions, mask[:, None]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Called by each attention layer: write the fed tokens' keys and values, return every
+        position the rows may attend to. key_states: [n, kv_heads, fed, head_dim]."""
+        if self.keys[layer_idx] is None:
+            self._allocate(layer_idx, key_states)
+        kv_len = self._kv_len
+        out = []
+        for buffers, states in ((self.keys, key_states), (self.values, value_states)):
+            buffer = buffers[layer_idx]
+            if isinstance(self._active, slice):
+                rows = torch.arange(self._active.start, self._active.stop, device=self.device)
+            else:
+                rows = self._active
+            # [n, fed, kv_heads, head_dim] written at (row, :, position, :)
+            buffer[rows[:, None], :, self._positions] = states.transpose(1, 2).to(buffer.dtype)
+            out.append(buffer[self._active, :, :kv_len])
+        return out[0], out[1]
+
+    # transformers asks a cache these while building masks or positions; the engine always passes
+    # both explicitly, so they are answered for completeness only.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths, default=0)
+
+    # ------------------------------------------------------------------ memory
+
+    def _allocate(self, layer_idx: int, like: torch.Tensor) -> None:
+        _, heads, _, dim = like.shape
+        rows = max(len(self.lengths), 1)
+        shape = (rows, heads, max(self._capacity, GROW), dim)
+        self.keys[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
+        self.values[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
+        self._capacity = shape[2]
+
+    def _reserve(self, rows: int, positions: int) -> None:
+        """Grow every allocated buffer to hold `rows` rows of `positions` positions."""
+        capacity = self._capacity
+        if positions > capacity:
+            capacity = -(-positions // GROW) * GROW
+        for buffers in (self.keys, self.values):
+            for i, layer in enumerate(buffers):
+                if layer is None or (layer.shape[0] >= rows and layer.shape[2] >= capacity):
+                    continue
+                grown = layer.new_zeros((max(rows, layer.shape[0]), layer.shape[1], capacity, layer.shape[3]))
+                grown[: layer.shape[0], :, : layer.shape[2]] = layer
+                buffers[i] = grown
+        self._capacity = capacity
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
 
 
-def rollback(cache: DynamicCache, keep: int) -> None:
-    """Keep the first `keep` positions of the cache and drop the rest (no-op if it is shorter).
+def _contiguous(rows: list[int]) -> bool:
+    return all(b == a + 1 for a, b in itertools.pairwise(rows))
 
-    Example: 10 tokens are cached and the pending token is the 11th. The target verifies
-    [pending, d1, d2, d3], so its cache holds 14. d1 and d2 are accepted and d3 is not, so the
-    context is now 11 + 2 tokens plus the recovered token, which is the next step's input and
-    not yet cached: rollback(cache, 13) drops d3's entry only.
+
+PREFILL_CHUNK = 512  # tokens per forward when one row feeds many (bounds the mask and activations)
+
+
+@torch.inference_mode()
+def feed(
+    model,
+    cache: BatchCache,
+    rows: list[int],
+    feeds: list[list[int]],
+    *,
+    all_logits: bool = False,
+    decoder_only: bool = False,
+) -> torch.Tensor:
+    """Run `model` on `feeds[i]` after row `rows[i]`'s cached context and advance each row's length.
+
+    Returns logits `[n, width, vocab]` when `all_logits` (feeds right-aligned: row i's own tokens
+    are the last `len(feeds[i])` columns), else `[n, vocab]` after each row's last token; with
+    `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. A single row
+    feeding more than PREFILL_CHUNK tokens (a prompt) runs in chunks.
     """
-    drop = cache_len(cache) - keep
-    if drop > 0:
-        cache.crop(-drop if _CROP_TAKES_COUNT else keep)
+    if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
+        tokens = feeds[0]
+        for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
+            feed(model, cache, rows, [tokens[start : start + PREFILL_CHUNK]], decoder_only=True)
+        return feed(
+            model, cache, rows, [tokens[-(len(tokens) % PREFILL_CHUNK or PREFILL_CHUNK) :]], decoder_only=decoder_only
+        )
+    fed = [len(f) for f in feeds]
+    width = max(fed)
+    ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
+    positions, mask = cache.inputs(rows, fed, width)
+    if decoder_only:
+        decoder = model.model if hasattr(model, "model") else model.get_decoder()
+        hidden = decoder(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+        ).last_hidden_state  # [n, width, hidden]
+        out = hidden[:, -1]
+    else:
+        logits = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0 if all_logits else 1,
+        ).logits  # [n, width or 1, vocab]
+        out = logits if all_logits else logits[:, -1]
+    for row, n in zip(rows, fed, strict=True):
+        cache.set_length(row, cache.lengths[row] + n)
+    return out

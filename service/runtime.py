@@ -35,7 +35,7 @@ class Service:
         self.registry = None  # trainer.registry.AdapterRegistry when one is configured (service/watcher.py)
         self.watcher = None  # follows the registry's champion alias and hot-swaps the adapter
         self.started_at = int(time.time())
-        self.worker = EngineWorker(engine, settings.queue_size, on_end=self.request_ended)
+        self.worker = EngineWorker(engine, settings.queue_size, settings.max_batch, on_end=self.request_ended)
         self.metrics = ServiceMetrics(engine, self.worker, writer)
         if stats is not None:
             self.metrics.registry.register(StatsCollector(stats))

@@ -17,6 +17,7 @@
 | adapter_poll_s | ADAPTIVE_SPEC_ADAPTER_POLL_S | 5 s between polls of the `champion` alias (0: no watcher) |
 | max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
 | max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
+| max_batch | ADAPTIVE_SPEC_MAX_BATCH | 8 sequences decoding together (1: one request at a time) |
 | queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
 | request_timeout_s | ADAPTIVE_SPEC_REQUEST_TIMEOUT_S | 300 s, from arrival, queueing included |
 | drain_timeout_s | ADAPTIVE_SPEC_DRAIN_TIMEOUT_S | 30 s to finish in-flight requests at shutdown |
@@ -71,6 +72,7 @@ class Settings:
     max_tokens_limit: int = 2048
     default_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
+    max_batch: int = 8
     queue_size: int = 32
     request_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
@@ -91,6 +93,7 @@ class Settings:
             "max_tokens_limit",
             "default_max_tokens",
             "max_body_bytes",
+            "max_batch",
             "queue_size",
             "stream_maxlen",
             "log_queue_size",
@@ -142,6 +145,7 @@ _INTS = {
     "max_tokens_limit",
     "default_max_tokens",
     "max_body_bytes",
+    "max_batch",
     "queue_size",
     "stream_maxlen",
     "log_queue_size",

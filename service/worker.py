@@ -1,32 +1,36 @@
-"""One engine thread behind a bounded queue, and the bridge between it and asyncio handlers.
+"""One engine thread that decodes a continuous batch, behind a bounded queue, and the bridge
+between it and asyncio handlers.
 
-    worker = EngineWorker(engine, queue_size=32, on_end=service.request_ended)
+    worker = EngineWorker(engine, queue_size=32, max_batch=8, on_end=service.request_ended)
     worker.start()
     job = Job(prompt_ids, params, deadline=time.monotonic() + 300)
     worker.submit(job)                      # Rejected("queue_full") when 32 are already waiting
     chunk = await job.next_event(request)   # engine Chunks, in order; the last one carries the output
     worker.close(timeout=30)                # refuse new jobs, finish the queued ones, stop
 
-The engine decodes one request at a time (its caches are per engine), so one thread owns it
-and HTTP handlers never touch the models: they await the chunks this thread posts onto their
-event loop. A job stops between decoding steps, never inside one, when its handler cancels it
-(timeout, client gone, shutdown) or its deadline passes; closing the engine's stream then frees
-the engine for the next job at once. A job whose deadline passed while it was queued is never
-started.
+One thread owns the engine's batch (`Engine.new_batch`) and HTTP handlers never touch the
+models: they await the chunks this thread posts onto their event loop. Between two decoding
+steps the thread admits waiting jobs while the batch has room (each one's prefill runs, then it
+decodes with the others from the next step), and takes out the jobs that finished, were
+cancelled by their handler (timeout, client gone, shutdown) or passed their deadline. A job
+stops between steps, never inside one, and its row leaves without disturbing the others. A job
+whose deadline passed while it was queued is never started. With `max_batch=1` it decodes one
+request at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaptive_spec.batch import Row
 from adaptive_spec.engine import Chunk, GenerationOutput, InputError
 
 log = logging.getLogger(__name__)
@@ -78,10 +82,8 @@ class Job:
 
     def post(self, item: Chunk | BaseException) -> None:
         """From the worker thread: hand a chunk or an error to the handler's event loop."""
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (server stopped); nobody is waiting
             self._loop.call_soon_threadsafe(self._events.put_nowait, item)
-        except RuntimeError:  # the loop is gone (server stopped); nobody is waiting
-            pass
 
     async def next_event(self, request=None, poll_s: float = 0.25) -> Chunk:
         """The next chunk. Raises `Ended` on timeout or, when `request` is given, once the client has
@@ -116,14 +118,19 @@ class Job:
 
 class EngineWorker:
     def __init__(
-        self, engine, queue_size: int, on_end: Callable[[Job, GenerationOutput | None], None] | None = None
+        self,
+        engine,
+        queue_size: int,
+        max_batch: int = 8,
+        on_end: Callable[[Job, GenerationOutput | None], None] | None = None,
     ) -> None:
         """`on_end(job, output)` runs on this thread after each job: output None means it was cancelled."""
         self.engine = engine
+        self.max_batch = max_batch
         self.on_end = on_end
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closing = False
-        self._running: Job | None = None
+        self._active: dict[Row, Job] = {}  # the jobs decoding now, by their row in the batch
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
 
     def start(self) -> None:
@@ -143,7 +150,7 @@ class EngineWorker:
 
     @property
     def running(self) -> int:
-        return int(self._running is not None)
+        return len(self._active)
 
     @property
     def closing(self) -> bool:
@@ -162,46 +169,85 @@ class EngineWorker:
                 break
             job.cancel("shutdown")
             job.post(Ended("shutdown"))
-        running = self._running
-        if running is not None:
-            running.cancel("shutdown")
+        for job in list(self._active.values()):
+            job.cancel("shutdown")
         self._queue.put(_STOP)
         self._thread.join(timeout=10.0)
 
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
-            self._running = job
-            try:
-                output = self._serve(job)
-                if self.on_end is not None and (output is not None or job.cancelled):
-                    self.on_end(job, output)
-            except Exception:
-                log.exception("engine worker: after-request hook failed")
-            finally:
-                self._running = None
+    # ---------------------------------------------------------------- the engine thread
 
-    def _serve(self, job: Job) -> GenerationOutput | None:
-        """Decode one job, posting each chunk; return its output, or None if it stopped early."""
-        if job._should_stop():
-            job.post(Ended(job.cancel_reason))
-            return None
+    def _run(self) -> None:
+        batch = self.engine.new_batch(self.max_batch)
+        while True:
+            if not self._admit(batch):
+                break
+            if len(batch):
+                self._step(batch)
+            self._drop_stopped(batch)
+        for row, job in list(self._active.items()):  # stopping: whatever still runs was cancelled
+            self._leave(batch, row, job, Ended(job.cancel_reason or "shutdown"))
+
+    def _admit(self, batch) -> bool:
+        """Move queued jobs into the batch while it has room; wait for one when nothing runs.
+        Returns False once the worker is told to stop."""
+        while not batch.full:
+            try:
+                job = self._queue.get() if not len(batch) else self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if job is _STOP:
+                return False
+            if job._should_stop():
+                job.post(Ended(job.cancel_reason))
+                self._end(job, None)
+                continue
+            try:
+                row = batch.add(self.engine.request(job.prompt_ids, **job.params))
+            except InputError as exc:
+                job.post(exc)
+                continue
+            except Exception as exc:
+                log.exception("engine worker: prefill failed")
+                job.post(exc)
+                continue
+            self._active[row] = job
+        return True
+
+    def _step(self, batch) -> None:
         try:
-            with closing(self.engine.stream(job.prompt_ids, **job.params)) as stream:
-                for chunk in stream:
-                    if chunk.output is not None:
-                        job.finished = True
-                        job.post(chunk)
-                        return chunk.output
-                    job.post(chunk)
-                    if job._should_stop():
-                        job.post(Ended(job.cancel_reason))
-                        return None
-        except InputError as exc:
-            job.post(exc)
-        except Exception as exc:
-            log.exception("engine worker: generation failed")
-            job.post(exc)
-        return None
+            results = batch.step()
+        except Exception as exc:  # a failed step fails every row in it; the worker goes on
+            log.exception("engine worker: decoding step failed")
+            for row, job in list(self._active.items()):
+                self._leave(batch, row, job, exc, cancelled=False)
+            return
+        for row, chunk in results:
+            job = self._active[row]
+            if chunk.output is None:
+                job.post(chunk)
+                continue
+            job.finished = True
+            job.post(chunk)
+            del self._active[row]  # the batch took the finished row out itself
+            self._end(job, chunk.output)
+
+    def _drop_stopped(self, batch) -> None:
+        """Rows whose job was cancelled or passed its deadline leave before the next step."""
+        for row, job in list(self._active.items()):
+            if job._should_stop():
+                self._leave(batch, row, job, Ended(job.cancel_reason))
+
+    def _leave(self, batch, row: Row, job: Job, error: BaseException, cancelled: bool = True) -> None:
+        batch.remove(row)
+        del self._active[row]
+        job.post(error)
+        if cancelled:
+            self._end(job, None)
+
+    def _end(self, job: Job, output: GenerationOutput | None) -> None:
+        if self.on_end is None or (output is None and not job.cancelled):
+            return
+        try:
+            self.on_end(job, output)
+        except Exception:
+            log.exception("engine worker: after-request hook failed")

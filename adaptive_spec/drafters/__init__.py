@@ -1,13 +1,16 @@
-"""Drafters propose the next tokens; the target verifies them.
+"""Drafters propose the next tokens of every row of a batch; the target verifies them.
 
-A drafter has three verbs (cf. transformers `candidate_generator.py`):
+A drafter has two verbs (cf. transformers `candidate_generator.py`, vLLM `v1/spec_decode/`):
 
-- `reset(context)` before a request, with its prompt (a model draft prefills its cache);
-- `propose(context, k, params, generator)` returns up to k tokens after `context`;
-- `rollback(valid_len)` after verification: only `context[:valid_len]` of the new context is
-  known to be right, so any state past it must go.
+- `new_cache()` gives the per-batch state a drafter keeps between steps (a `BatchCache` for a
+  model draft, None for prompt lookup). The batch adds, removes and rolls back its rows
+  together with the target's, so the drafter never sees a row come or go;
+- `propose(cache, rows, ks)` returns up to `ks[i]` tokens after `rows[i].ids` for each row.
 
-Draft specs, as `Engine.from_pretrained(draft=...)` takes them:
+Each row brings its context (`ids`, whose last token is the pending one), its slot in the
+caches (`slot`), its sampling parameters (`params`) and its random generator (`generator`).
+
+Draft specs, as `Engine.from_pretrained(draft=...)` takes them, are parsed in `spec.py`:
 
 - `early-exit:N`: the target's first N layers, final norm and LM head (see `early_exit.py`);
 - `ngram` (or `ngram:N` for the longest n-gram tried): prompt lookup, no model;
@@ -16,6 +19,7 @@ Draft specs, as `Engine.from_pretrained(draft=...)` takes them:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,17 +32,24 @@ from adaptive_spec.sampling import SamplingParams
 class Proposal:
     tokens: torch.Tensor  # [n] int64, n <= k
     probs: torch.Tensor | None  # [n, vocab] the distribution each token was drawn from; None = deterministic
-    forwards: int = 0  # draft model forward passes spent
-    fed: int = 0  # tokens the first forward fed: 1, or more to catch up on context the draft had not seen
+    forwards: int = 0  # draft model forward passes spent on this row
+    fed: int = 0  # context tokens the first forward fed: 1-2 normally, more to catch up after plain steps
+
+
+def no_proposal(device: torch.device) -> Proposal:
+    return Proposal(torch.zeros(0, dtype=torch.long, device=device), None)
+
+
+class DraftRow(Protocol):
+    slot: int  # the row's index in the batch's caches
+    ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
+    params: SamplingParams
+    generator: torch.Generator | None
 
 
 class Drafter(Protocol):
     name: str
 
-    def reset(self, context: list[int]) -> None: ...
+    def new_cache(self): ...
 
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal: ...
-
-    def rollback(self, valid_len: int) -> None: ...
+    def propose(self, cache, rows: Sequence[DraftRow], ks: list[int]) -> list[Proposal]: ...

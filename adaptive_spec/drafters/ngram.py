@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_spec.drafters import Proposal
-from adaptive_spec.sampling import SamplingParams
+from adaptive_spec.drafters import DraftRow, Proposal
 
 
 class NgramDrafter:
@@ -13,8 +12,9 @@ class NgramDrafter:
 
     Example: the context ends in [..., 17, 4, 9] and earlier holds [17, 4, 9, 31, 5, 8, 2]. With
     max_ngram=3 the trigram [17, 4, 9] matches there, so k=3 proposes [31, 5, 8]. With no match
-    for n = 3, 2, 1 it proposes nothing and the step is plain decoding. Proposals are
+    for n = 3, 2, 1 it proposes nothing and the row's step is plain decoding. Proposals are
     deterministic, so under sampling each is accepted with the target's probability of it.
+    Each row looks up in its own context only.
     """
 
     def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu"):
@@ -24,16 +24,19 @@ class NgramDrafter:
         self.device = torch.device(device)
         self.name = f"ngram:{max_ngram}"
 
-    def reset(self, context: list[int]) -> None:
-        pass
+    def new_cache(self) -> None:
+        return None
 
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal:
-        return Proposal(torch.tensor(self.lookup(context, k), dtype=torch.long, device=self.device), None)
+    def propose(self, cache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+        return [
+            Proposal(torch.tensor(self.lookup(row.ids, k), dtype=torch.long, device=self.device), None)
+            for row, k in zip(rows, ks, strict=True)
+        ]
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         length = len(context)
+        if k <= 0:
+            return []
         for n in range(min(self.max_ngram, length - 1), 0, -1):
             tail = context[length - n :]
             # Most recent earlier occurrence whose continuation exists.
@@ -41,6 +44,3 @@ class NgramDrafter:
                 if context[start : start + n] == tail:
                     return context[start + n : start + n + k]
         return []
-
-    def rollback(self, valid_len: int) -> None:
-        pass

@@ -1,10 +1,10 @@
 """Unit tests of the dynamic-k policy (`adaptive_spec.dynamic_k`): the expected-tokens formula, the
-worked examples of its module docstring, probing, and how measured costs move the choice.
+worked examples of its module docstring, probing, cost interpolation, and how measured costs and
+per-row acceptance move the choice for a batch.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_dynamic_k.py -q   (CPU, well under a second)
 
-No model is involved: `observe` is fed synthetic wall times, in seconds, as the engine would report
-them. A plain target step (k = 0) takes 10 ms throughout.
+No model is involved: `observe_step` is fed synthetic wall times, in seconds, as a batch reports them.
 """
 
 from __future__ import annotations
@@ -13,21 +13,49 @@ import itertools
 
 import pytest
 
-from adaptive_spec.dynamic_k import DynamicK, expected_tokens
+from adaptive_spec.dynamic_k import DynamicK, StepCosts, expected_tokens
 
-PLAIN_S = 0.010  # one target forward on one token
-
-
-def gain(policy: DynamicK, k: int) -> float:
-    """Tokens per unit of cost for drafting k, as `choose` ranks them (plain decoding scores 1)."""
-    return expected_tokens(policy.alpha, k) / (k * policy.draft_cost() + policy.verify_cost(k))
+# The module docstring's machine: a target forward over 1 / 2 / 4 / 8 / 16 tokens, in seconds.
+TARGET_S = {1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107}
 
 
-def feed(policy: DynamicK, steps: int, k: int, accepted: int, draft_s_per_forward: float, verify_s: float) -> None:
-    """`steps` drafting steps with these outcomes and times, each followed by a plain step."""
+def docstring_policy(**kwargs) -> DynamicK:
+    """The docstring's costs: those target forwards, and a draft forward 0.15 of a target forward
+    over as many rows."""
+    policy = DynamicK(probe_every=10**9, **kwargs)
+    for tokens, seconds in TARGET_S.items():
+        policy.target.observe(tokens, seconds)
+    for rows in (1, 2, 4, 8):
+        policy.draft.observe(rows, 0.15 * policy.target_s(rows))
+    return policy
+
+
+def rate(policy: DynamicK, alphas: list[float], k: int) -> float:
+    """Tokens per second for the batch, as `choose` ranks them."""
+    n = len(alphas)
+    if k == 0:
+        return n / policy.target_s(n)
+    return sum(expected_tokens(a, k) for a in alphas) / (k * policy.draft_s(n) + policy.target_s(n * (k + 1)))
+
+
+def observe(
+    policy: DynamicK,
+    steps: int,
+    rows: int,
+    k: int,
+    accepted: int,
+    draft_s_per_forward: float,
+    verify_s: float,
+    plain_s: float,
+    alphas: list[float],
+) -> list[float]:
+    """`steps` drafting steps of `rows` rows with these outcomes and times, each followed by a plain
+    step; returns the rows' acceptance estimates after them."""
     for _ in range(steps):
-        policy.observe(k, accepted, k * draft_s_per_forward, k, verify_s)
-        policy.observe(0, 0, 0.0, 0, PLAIN_S)
+        policy.observe_step(rows, k + 1, verify_s, rows, k, k * draft_s_per_forward)
+        alphas = [policy.observe_row(a, k, accepted) for a in alphas]
+        policy.observe_step(rows, 1, plain_s, 0, 0, 0.0)
+    return alphas
 
 
 # --- expected_tokens ----------------------------------------------------------------------------
@@ -61,29 +89,77 @@ def test_expected_tokens_is_the_geometric_sum() -> None:
         assert expected_tokens(0.99, k) <= k + 1
 
 
-# --- the docstring's worked examples, with the default priors -----------------------------------
+# --- step costs -----------------------------------------------------------------------------------
 
 
-def test_priors_are_the_docstring_costs() -> None:
-    policy = DynamicK()  # nothing measured yet
-    assert policy.draft_cost() == pytest.approx(0.3)
-    assert [policy.verify_cost(k) for k in range(4)] == pytest.approx([1.0, 1.1, 1.2, 1.3])
+def test_step_costs_interpolate_between_measured_sizes_and_scale_outside() -> None:
+    costs = StepCosts(slope=0.2)
+    assert costs.estimate(4) is None  # nothing measured
+    costs.observe(4, 0.047)
+    costs.observe(8, 0.076)
+    assert costs.estimate(4) == pytest.approx(0.047)
+    assert costs.estimate(6) == pytest.approx(0.0615)  # halfway on the line between 4 and 8
+    # Outside: the nearest measurement scaled by the prior shape 1 + 0.2 (tokens - 1).
+    assert costs.estimate(16) == pytest.approx(0.076 * 4.0 / 2.4)
+    assert costs.estimate(1) == pytest.approx(0.047 * 1.0 / 1.6)
+    costs.observe(8, 0.086)  # a moving average, 0.1 of the newest
+    assert costs.estimate(8) == pytest.approx(0.077)
+
+
+def test_priors_before_anything_is_measured() -> None:
+    policy = DynamicK()
+    # In units of a one-token target forward: 1 + 0.2 per extra token; a draft forward is 0.3 of a
+    # target forward over as many rows.
+    assert [policy.target_s(t) for t in (1, 2, 5)] == pytest.approx([1.0, 1.2, 1.8])
+    assert policy.draft_s(1) == pytest.approx(0.3)
+    assert policy.draft_s(4) == pytest.approx(0.3 * 1.6)
+
+
+# --- the docstring's worked examples ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("alpha", "k", "gains"),
+    ("rows", "alpha", "k", "rates"),
     [
-        (0.8, 2, {2: 2.44 / 1.8, 3: 2.952 / 2.2}),  # k=2 gives 1.36, k=3 1.34: k = 2
-        (0.5, 1, {1: 1.5 / 1.4, 2: 1.75 / 1.8}),  # k=1 gives 1.07, k=2 0.97: k = 1
-        (0.06, 0, {1: 1.06 / 1.4}),  # k=1 gives 0.76 < 1: decode plainly
+        (1, 0.7, 1, {0: 32.3, 1: 46.4, 2: 44.9}),  # k=1 beats k=2 by a little
+        (1, 0.9, 3, {3: 56.4}),  # 1.75x plain decoding
+        (4, 0.7, 0, {0: 85.1, 1: 81.9, 2: 83.0}),  # a verify of 4 rows x 2 tokens is compute-bound
+        (4, 0.9, 3, {0: 85.1, 3: 107.3}),  # a good draft still pays at 4 rows
+        (4, 0.06, 0, {1: 51.1}),  # an untrained draft never pays
     ],
 )
-def test_docstring_worked_examples(alpha: float, k: int, gains: dict[int, float]) -> None:
-    policy = DynamicK()
-    policy.alpha = alpha
-    for j, value in gains.items():
-        assert gain(policy, j) == pytest.approx(value)
-    assert policy.choose(8) == k
+def test_docstring_worked_examples(rows: int, alpha: float, k: int, rates: dict[int, float]) -> None:
+    policy = docstring_policy()
+    alphas = [alpha] * rows
+    for j, value in rates.items():
+        assert rate(policy, alphas, j) == pytest.approx(value, abs=0.05)
+    assert policy.choose(alphas, [8] * rows) == k
+
+
+def test_choose_picks_the_best_rate_for_the_batch() -> None:
+    policy = docstring_policy()
+    for rows, alpha in itertools.product([1, 2, 3, 4, 6, 8], [0.0, 0.3, 0.6, 0.8, 0.95]):
+        alphas = [alpha] * rows
+        best = max(range(9), key=lambda k: (rate(policy, alphas, k), -k))
+        assert policy.choose(alphas, [8] * rows) == best, (rows, alpha)
+
+
+def test_rows_that_may_not_draft_count_one_token_each() -> None:
+    policy = docstring_policy()
+    # Two rows that draft well beside two that may not draft this step (first step, no budget).
+    alphas, limits = [0.95, 0.95, 0.95, 0.95], [8, 8, 0, 0]
+    k = policy.choose(alphas, limits)
+    expected = max(
+        range(9),
+        key=lambda j: (
+            (2 * expected_tokens(0.95, j) + 2) / (j * policy.draft_s(2) + policy.target_s(4 * (j + 1)))
+            if j
+            else 4 / policy.target_s(4),
+            -j,
+        ),
+    )
+    assert k == expected
+    assert policy.choose(alphas, [0, 0, 0, 0]) == 0
 
 
 # --- probing --------------------------------------------------------------------------------------
@@ -92,26 +168,15 @@ def test_docstring_worked_examples(alpha: float, k: int, gains: dict[int, float]
 @pytest.mark.parametrize("probe_every", [16, 4])
 def test_probes_one_token_after_probe_every_plain_steps(probe_every: int) -> None:
     policy = DynamicK(probe_every=probe_every)
-    policy.alpha = 0.06  # drafting does not pay
     for _ in range(3):  # the pattern repeats: the count restarts after each probe
-        assert [policy.choose(8) for _ in range(probe_every - 1)] == [0] * (probe_every - 1)
-        assert policy.choose(8) == 1
-
-
-def test_a_new_request_restarts_the_probe_count_and_alpha() -> None:
-    policy = DynamicK(probe_every=4)
-    policy.alpha = 0.06
-    assert [policy.choose(8) for _ in range(3)] == [0, 0, 0]
-    policy.engine_alpha = 0.06
-    policy.start_request()
-    assert policy.alpha == 0.06
-    assert [policy.choose(8) for _ in range(4)] == [0, 0, 0, 1]  # counted from the request's start
+        assert [policy.choose([0.06], [8]) for _ in range(probe_every - 1)] == [0] * (probe_every - 1)
+        assert policy.choose([0.06], [8]) == 1
 
 
 def test_no_probe_while_drafting_pays() -> None:
     policy = DynamicK(probe_every=2)
-    policy.alpha = 0.8
-    assert [policy.choose(8) for _ in range(10)] == [2] * 10
+    assert [policy.choose([0.8], [8]) for _ in range(10)] == [policy.choose([0.8], [8])] * 10
+    assert policy.choose([0.8], [8]) >= 1
 
 
 # --- measured costs and acceptance move the choice ------------------------------------------------
@@ -119,98 +184,121 @@ def test_no_probe_while_drafting_pays() -> None:
 
 def test_observed_costs_replace_the_priors() -> None:
     policy = DynamicK()
-    feed(policy, 1, k=2, accepted=1, draft_s_per_forward=0.002, verify_s=0.013)
-    # One observation of each: the moving averages start at the observed values.
-    assert policy.draft_cost() == pytest.approx(0.2)  # 2 ms / 10 ms
-    assert policy.verify_cost(0) == pytest.approx(1.0)
-    assert policy.verify_cost(2) == pytest.approx(1.3)
-    # Unmeasured k extrapolate along the measured slope, (1.3 - 1) / 2 = 0.15 per verified token.
-    assert policy.verify_cost(4) == pytest.approx(1.6)
-    assert policy.verify_cost(1) == pytest.approx(1.15)
+    policy.observe_step(rows=1, width=3, verify_s=0.013, draft_rows=1, draft_forwards=2, draft_s=0.004)
+    policy.observe_step(rows=1, width=1, verify_s=0.010, draft_rows=0, draft_forwards=0, draft_s=0.0)
+    assert policy.target_s(1) == pytest.approx(0.010)
+    assert policy.target_s(3) == pytest.approx(0.013)
+    assert policy.target_s(2) == pytest.approx(0.0115)
+    assert policy.draft_s(1) == pytest.approx(0.002)
 
 
 def test_cheap_drafts_that_are_always_accepted_choose_a_large_k() -> None:
     policy = DynamicK(k_max=8)
-    feed(policy, 60, k=4, accepted=4, draft_s_per_forward=0.0001, verify_s=0.0105)
-    assert policy.alpha > 0.99 and policy.draft_cost() == pytest.approx(0.01)
-    assert policy.choose(8) == 8
-    assert policy.choose(3) == 3  # still bounded by what the budget can use
+    alphas = observe(
+        policy, 60, rows=1, k=4, accepted=4, draft_s_per_forward=0.0001, verify_s=0.0105, plain_s=0.010, alphas=[0.5]
+    )
+    assert alphas[0] > 0.99
+    assert policy.choose(alphas, [8]) == 8
+    assert policy.choose(alphas, [3]) == 3  # still bounded by what the budget can use
 
 
 def test_expensive_drafts_choose_plain_decoding_even_when_accepted() -> None:
     policy = DynamicK(probe_every=1000)
-    feed(policy, 60, k=2, accepted=2, draft_s_per_forward=0.05, verify_s=0.011)  # a draft forward costs 5 target steps
-    assert policy.alpha > 0.99 and policy.draft_cost() == pytest.approx(5.0)
-    assert policy.choose(8) == 0
+    alphas = observe(
+        policy, 60, rows=1, k=2, accepted=2, draft_s_per_forward=0.05, verify_s=0.011, plain_s=0.010, alphas=[0.5]
+    )  # a draft forward costs 5 target steps
+    assert alphas[0] > 0.99
+    assert policy.choose(alphas, [8]) == 0
 
 
 def test_the_choice_follows_when_costs_change() -> None:
     policy = DynamicK(probe_every=1000)
-    feed(policy, 60, k=3, accepted=3, draft_s_per_forward=0.05, verify_s=0.011)
-    assert policy.choose(8) == 0
-    feed(policy, 60, k=3, accepted=3, draft_s_per_forward=0.0005, verify_s=0.011)  # the draft got 100x faster
-    assert policy.choose(8) >= 4
+    alphas = observe(
+        policy, 60, rows=2, k=3, accepted=3, draft_s_per_forward=0.05, verify_s=0.012, plain_s=0.010, alphas=[0.5, 0.5]
+    )
+    assert policy.choose(alphas, [8, 8]) == 0
+    alphas = observe(
+        policy, 60, rows=2, k=3, accepted=3, draft_s_per_forward=0.0005, verify_s=0.012, plain_s=0.010, alphas=alphas
+    )  # the draft got 100x faster
+    assert policy.choose(alphas, [8, 8]) >= 3
 
 
-def test_acceptance_moves_alpha_and_the_choice() -> None:
+def test_acceptance_moves_each_row_and_the_engine_estimate() -> None:
     policy = DynamicK(probe_every=1000)
-    start = policy.alpha
-    policy.observe(3, 0, 0.003, 3, 0.012)  # first draft rejected: one failure
-    assert policy.alpha < start
-    feed(policy, 40, k=3, accepted=0, draft_s_per_forward=0.001, verify_s=0.012)
-    assert policy.alpha < 0.01 and policy.choose(8) == 0
-    feed(policy, 40, k=3, accepted=3, draft_s_per_forward=0.001, verify_s=0.012)
-    assert policy.alpha > 0.99 and policy.choose(8) >= 3
-    # The engine-wide estimate moves more slowly, and a new request starts from it.
-    assert 0.0 < policy.engine_alpha < policy.alpha
-    policy.start_request()
-    assert policy.alpha == policy.engine_alpha
+    start = policy.engine_alpha
+    assert policy.observe_row(0.5, 3, 0) < 0.5  # first draft rejected: one failure
+    low = observe(
+        policy, 40, rows=1, k=3, accepted=0, draft_s_per_forward=0.001, verify_s=0.012, plain_s=0.010, alphas=[0.5]
+    )
+    assert low[0] < 0.01 and policy.choose(low, [8]) == 0
+    high = observe(
+        policy, 40, rows=1, k=3, accepted=3, draft_s_per_forward=0.001, verify_s=0.012, plain_s=0.010, alphas=low
+    )
+    assert high[0] > 0.99 and policy.choose(high, [8]) >= 3
+    # The engine-wide estimate, where new rows start, moves more slowly.
+    assert 0.0 < policy.engine_alpha < high[0] and policy.engine_alpha != start
 
 
-def test_a_step_with_nothing_drafted_leaves_alpha_alone() -> None:
+def test_rows_keep_their_own_estimates() -> None:
     policy = DynamicK()
-    policy.alpha = 0.7
-    policy.observe(0, 0, 0.0, 0, PLAIN_S)
-    assert policy.alpha == 0.7 and policy.draft_s is None
+    good, bad = 0.5, 0.5
+    for _ in range(10):
+        good = policy.observe_row(good, 3, 3)
+        bad = policy.observe_row(bad, 3, 0)
+    assert good > 0.95 and bad < 0.05
 
 
-def test_choose_never_exceeds_the_limit_or_k_max() -> None:
+def test_a_step_with_nothing_drafted_leaves_alpha_and_draft_cost_alone() -> None:
+    policy = DynamicK()
+    assert policy.observe_row(0.7, 0, 0) == 0.7
+    policy.observe_step(rows=2, width=1, verify_s=0.02, draft_rows=0, draft_forwards=0, draft_s=0.0)
+    assert policy.draft.estimate(2) is None
+
+
+def test_choose_never_exceeds_the_limits_or_k_max() -> None:
     cost_settings = [(0.0001, 0.0101), (0.002, 0.012), (0.05, 0.011)]  # (draft forward, verify) seconds
     for (draft_s, verify_s), alpha, k_max in itertools.product(cost_settings, [0.0, 0.3, 0.8, 0.999, 1.0], [1, 3, 8]):
         policy = DynamicK(k_max=k_max, probe_every=3)
-        feed(policy, 5, k=2, accepted=1, draft_s_per_forward=draft_s, verify_s=verify_s)
-        policy.alpha = alpha
-        for limit in [-2, 0, 1, 2, 5, 8, 20]:
+        observe(
+            policy,
+            5,
+            rows=1,
+            k=2,
+            accepted=1,
+            draft_s_per_forward=draft_s,
+            verify_s=verify_s,
+            plain_s=0.010,
+            alphas=[alpha],
+        )
+        for limits in ([-2], [0], [1], [2, 0], [5, 1], [8], [20, 3]):
             for _ in range(4):  # crosses a probe when drafting does not pay
-                k = policy.choose(limit)
-                assert 0 <= k <= max(0, min(limit, k_max)), (draft_s, alpha, k_max, limit, k)
+                k = policy.choose([alpha] * len(limits), limits)
+                assert 0 <= k <= max(0, min(max(limits), k_max)), (draft_s, alpha, k_max, limits, k)
 
 
 def test_a_draft_that_got_better_is_noticed_within_a_few_probes() -> None:
-    policy = DynamicK()
-    policy.alpha = 0.05  # an untrained draft: plain decoding
-    assert policy.choose(8) == 0
+    policy = docstring_policy()
+    alpha = 0.05  # an untrained draft: plain decoding
+    assert policy.choose([alpha], [8]) == 0
     for _ in range(2):  # two one-token probes, both accepted (the adapter improved the draft)
-        policy.observe(1, 1, 0.02, 1, 0.11)
-    assert policy.alpha > 0.5
-    assert policy.choose(8) >= 1
+        alpha = policy.observe_row(alpha, 1, 1)
+    assert alpha > 0.5
+    assert policy.choose([alpha], [8]) >= 1
 
 
 def test_a_new_draft_starts_from_its_gated_acceptance_and_remeasures_its_cost() -> None:
     policy = DynamicK()
-    policy.observe(2, 0, 0.06, 2, 0.12)
-    assert policy.draft_s == pytest.approx(0.03)
+    policy.observe_step(rows=1, width=3, verify_s=0.012, draft_rows=1, draft_forwards=2, draft_s=0.06)
+    assert policy.draft_s(1) == pytest.approx(0.03)
     policy.new_draft(0.7)
-    assert policy.alpha == policy.engine_alpha == 0.7 and policy.draft_s is None
-    policy.start_request()
-    assert policy.alpha == 0.7 and policy.choose(8) >= 1
+    assert policy.engine_alpha == 0.7 and policy.draft.estimate(1) is None
     policy.new_draft(None)  # unknown: keep what was measured of acceptance
-    assert policy.alpha == 0.7
+    assert policy.engine_alpha == 0.7
 
 
 def test_a_catch_up_forward_is_not_billed_as_a_draft_step() -> None:
     policy = DynamicK()
-    policy.observe(1, 1, 0.05, 1, 0.11, catch_up=True)  # 16 backlog tokens fed in the probe's forward
-    assert policy.draft_s is None and policy.draft_cost() == policy.prior_draft_cost
-    policy.observe(1, 1, 0.012, 1, 0.11)
-    assert policy.draft_s == pytest.approx(0.012)
+    policy.observe_step(rows=1, width=2, verify_s=0.011, draft_rows=1, draft_forwards=1, draft_s=0.05, catch_up=True)
+    assert policy.draft.estimate(1) is None
+    policy.observe_step(rows=1, width=2, verify_s=0.011, draft_rows=1, draft_forwards=1, draft_s=0.012)
+    assert policy.draft_s(1) == pytest.approx(0.012)

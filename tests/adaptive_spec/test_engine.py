@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptive_spec import Engine, InputError
+from adaptive_spec import Engine, InputError, kv
 from adaptive_spec.drafters import Proposal
 from adaptive_spec.drafters.early_exit import DraftSpecError
 from adaptive_spec.drafters.model import ModelDrafter
-from adaptive_spec.sampling import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
 from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
@@ -75,15 +74,15 @@ def make_draft(kind: str, model: torch.nn.Module):
 
 
 def first_difference(a: list[int], b: list[int]) -> str:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"first difference at {i}: speculative {a[i : i + 5]} vs plain {b[i : i + 5]}"
 
 
 class AlwaysWrongDrafter:
     """Proposes, first, a token the target is guaranteed not to pick: its greedy token plus one.
 
-    Implements the Drafter protocol with no cache: each `propose` runs the target on the whole
-    context. The tokens after the first are arbitrary, since nothing after a rejection counts.
+    Implements the Drafter protocol with no cache: each `propose` runs the target on each row's
+    whole context. The tokens after the first are arbitrary, since nothing after a rejection counts.
     """
 
     name = "always-wrong"
@@ -92,19 +91,17 @@ class AlwaysWrongDrafter:
         self.model = model
         self.vocab = model.config.vocab_size
 
-    def reset(self, context: list[int]) -> None:
-        pass
+    def new_cache(self) -> None:
+        return None
 
     @torch.inference_mode()
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal:
-        greedy = int(self.model(input_ids=torch.tensor([context])).logits[0, -1].argmax())
-        wrong = (greedy + 1) % self.vocab
-        return Proposal(torch.full((k,), wrong, dtype=torch.long), None, forwards=1)
-
-    def rollback(self, valid_len: int) -> None:
-        pass
+    def propose(self, cache, rows, ks: list[int]) -> list[Proposal]:
+        proposals = []
+        for row, k in zip(rows, ks, strict=True):
+            greedy = int(self.model(input_ids=torch.tensor([row.ids])).logits[0, -1].argmax())
+            wrong = (greedy + 1) % self.vocab
+            proposals.append(Proposal(torch.full((k,), wrong, dtype=torch.long), None, forwards=1 if k else 0))
+        return proposals
 
 
 # =================================================================================================
@@ -176,45 +173,35 @@ def test_greedy_equivalence_up_to_the_context_limit() -> None:
 # =================================================================================================
 
 
-def capture_target_cache(engine: Engine, monkeypatch) -> list:
-    """Make the engine hand over the target cache that `_prefill` creates for each request."""
-    caches = []
-    prefill = engine._prefill
-
-    def capturing_prefill(ids, req, stats):
-        caches.append(prefill(ids, req, stats))
-        return caches[-1]
-
-    monkeypatch.setattr(engine, "_prefill", capturing_prefill)
-    return caches
-
-
 @torch.inference_mode()
-def assert_cache_matches_fresh_prefill(model, cache, context: list[int], what: str) -> None:
-    """A copy of `cache` continued with the uncached tail of `context` must give the logits a
-    forward over the whole context gives, at every tail position."""
-    cached = cache.get_seq_length()
+def assert_cache_matches_fresh_prefill(model, cache, row: int, context: list[int], what: str) -> None:
+    """Row `row` of a copy of `cache`, continued with the uncached tail of `context`, must give the
+    logits a forward over the whole context gives, at every tail position."""
+    cached = cache.lengths[row]
     assert cached <= len(context) - 1, f"{what}: the cache holds {cached} positions for a context of {len(context)}"
     fresh = model(input_ids=torch.tensor([context])).logits[0, cached:]  # [tail, vocab]
-    continued = model(input_ids=torch.tensor([context[cached:]]), past_key_values=copy.deepcopy(cache)).logits[0]
+    continued = kv.feed(model, copy.deepcopy(cache), [row], [context[cached:]], all_logits=True)[0]
     torch.testing.assert_close(continued, fresh, atol=1e-5, rtol=0, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize(("temperature", "k"), [(0.0, 4), (1.0, 4), (1.0, None)])
-def test_both_caches_equal_a_fresh_prefill_after_every_step(temperature: float, k: int | None, monkeypatch) -> None:
+def test_both_caches_equal_a_fresh_prefill_after_every_step(temperature: float, k: int | None) -> None:
     model = target(0)
     engine = Engine(model, "early-exit:3")
-    caches = capture_target_cache(engine, monkeypatch)
     prompt = PROMPTS["repeating"]
     context = list(prompt)
-    for chunk in engine.stream(prompt, max_new_tokens=NEW_TOKENS, temperature=temperature, seed=3, k=k):
+    batch = engine.new_batch(1)
+    batch.add(engine.request(prompt, max_new_tokens=NEW_TOKENS, temperature=temperature, seed=3, k=k))
+    chunk = None
+    while len(batch):
+        [(_, chunk)] = batch.step()
         context += chunk.token_ids
         if chunk.output is not None:
             break
         # The target cache holds every context token but the pending last one, exactly.
-        assert caches[-1].get_seq_length() == len(context) - 1
-        assert_cache_matches_fresh_prefill(model, caches[-1], context, "target cache")
-        assert_cache_matches_fresh_prefill(engine.drafter.model, engine.drafter.cache, context, "draft cache")
+        assert batch.target_cache.lengths[0] == len(context) - 1
+        assert_cache_matches_fresh_prefill(model, batch.target_cache, 0, context, "target cache")
+        assert_cache_matches_fresh_prefill(engine.drafter.model, batch.draft_cache, 0, context, "draft cache")
     out = chunk.output
     assert context == prompt + out.token_ids
     # The scenario must have exercised rollbacks: steps that rejected their first draft (the
@@ -222,12 +209,12 @@ def test_both_caches_equal_a_fresh_prefill_after_every_step(temperature: float, 
     assert out.stats.drafted > out.stats.accepted > 0
     rejected_first = [
         i
-        for i, (p, a) in enumerate(zip(out.proposed, out.accepted))
+        for i, (p, a) in enumerate(zip(out.proposed, out.accepted, strict=True))
         if p != -1 and not a and (i == 0 or not out.accepted[i - 1])
     ]
     rejected_later = [
         i
-        for i, (p, a) in enumerate(zip(out.proposed, out.accepted))
+        for i, (p, a) in enumerate(zip(out.proposed, out.accepted, strict=True))
         if p != -1 and not a and i > 0 and out.accepted[i - 1]
     ]
     assert rejected_first and rejected_later, (out.proposed, out.accepted)
@@ -235,16 +222,22 @@ def test_both_caches_equal_a_fresh_prefill_after_every_step(temperature: float, 
         assert out.token_ids == baseline(0, prompt)
 
 
-def test_separate_draft_cache_equals_a_fresh_prefill_after_a_request() -> None:
+def test_separate_draft_cache_equals_a_fresh_prefill_after_every_step() -> None:
     model = target(1)
     engine = Engine(model, tiny_draft(layers=2))
-    prompt = PROMPTS["repeating"]
-    out = engine.generate(prompt, max_new_tokens=NEW_TOKENS, k=3)
-    assert out.stats.drafted > out.stats.accepted  # rejections happened
     assert isinstance(engine.drafter, ModelDrafter)
-    assert_cache_matches_fresh_prefill(
-        engine.drafter.model, engine.drafter.cache, prompt + out.token_ids, "separate draft cache"
-    )
+    prompt = PROMPTS["repeating"]
+    context = list(prompt)
+    batch = engine.new_batch(1)
+    batch.add(engine.request(prompt, max_new_tokens=NEW_TOKENS, k=3))
+    while len(batch):
+        [(_, chunk)] = batch.step()
+        context += chunk.token_ids
+        if chunk.output is None:
+            assert_cache_matches_fresh_prefill(
+                engine.drafter.model, batch.draft_cache, 0, context, "separate draft cache"
+            )
+    assert chunk.output.stats.drafted > chunk.output.stats.accepted  # rejections happened
 
 
 # =================================================================================================
@@ -391,7 +384,7 @@ def test_eos_list_and_the_length_finish() -> None:
     out = Engine(model, "ngram", eos_token_id=never).generate(PROMPTS["one-token"], max_new_tokens=NEW_TOKENS, k=3)
     assert out.token_ids == plain and out.finish_reason == "length"
     first_eos = plain[5]
-    out = Engine(model, "ngram", eos_token_id=never + [first_eos]).generate(
+    out = Engine(model, "ngram", eos_token_id=[*never, first_eos]).generate(
         PROMPTS["one-token"], max_new_tokens=NEW_TOKENS, k=3
     )
     assert out.token_ids == plain[: plain.index(first_eos) + 1] and out.finish_reason == "stop"
@@ -489,8 +482,8 @@ def test_early_exit_draft_shares_embedding_and_head_but_owns_its_layers() -> Non
     assert draft.model.norm.weight.data_ptr() == model.model.norm.weight.data_ptr()
     assert len(draft.model.layers) == 2
     target_ptrs = {p.data_ptr() for layer in model.model.layers for p in layer.parameters()}
-    for layer, original in zip(draft.model.layers, model.model.layers):
-        for (name, p), q in zip(layer.named_parameters(), original.parameters()):
+    for layer, original in zip(draft.model.layers, model.model.layers, strict=False):
+        for (name, p), q in zip(layer.named_parameters(), original.parameters(), strict=False):
             assert p.data_ptr() not in target_ptrs, f"draft layer parameter {name} is the target's tensor"
             assert torch.equal(p, q)  # a copy: equal values, distinct storage
 
@@ -524,7 +517,7 @@ def test_early_exit_draft_shares_embedding_and_head_but_owns_its_layers() -> Non
 def test_statistics_and_trace_are_consistent(draft: str, k, temperature: float) -> None:
     model = target(0)
     engine = Engine(model, make_draft(draft, model))
-    for name, prompt in PROMPTS.items():
+    for _name, prompt in PROMPTS.items():
         out = engine.generate(prompt, max_new_tokens=NEW_TOKENS, k=k, temperature=temperature, seed=11)
         s = out.stats
         n = len(out.token_ids)
@@ -536,7 +529,7 @@ def test_statistics_and_trace_are_consistent(draft: str, k, temperature: float) 
         else:
             assert s.acceptance_rate is None
         assert sum(s.accepted_per_pos) == s.accepted and sum(s.drafted_per_pos) == s.drafted
-        assert all(a <= d for a, d in zip(s.accepted_per_pos, s.drafted_per_pos))
+        assert all(a <= d for a, d in zip(s.accepted_per_pos, s.drafted_per_pos, strict=True))
         assert s.drafted_per_pos == sorted(s.drafted_per_pos, reverse=True)  # position i+1 needs position i
         if isinstance(engine.drafter, ModelDrafter):
             assert s.draft_forwards == s.drafted  # one draft forward per drafted token
@@ -545,7 +538,7 @@ def test_statistics_and_trace_are_consistent(draft: str, k, temperature: float) 
 
         assert len(out.proposed) == len(out.accepted) == n
         assert sum(out.accepted) == s.accepted
-        for i, (token, proposed, accepted) in enumerate(zip(out.token_ids, out.proposed, out.accepted)):
+        for i, (token, proposed, accepted) in enumerate(zip(out.token_ids, out.proposed, out.accepted, strict=True)):
             if accepted:
                 assert proposed == token, f"position {i}"
             elif proposed != -1:  # a rejected draft: the recovered token cannot be the rejected one

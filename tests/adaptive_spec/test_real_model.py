@@ -33,7 +33,7 @@ def baselines(engine, prompts):
 
 def test_baseline_equals_transformers_generate(engine, prompts, baselines):
     """Our target-alone path is the reference every figure divides by; it must be HF's greedy."""
-    for prompt, base in list(zip(prompts, baselines))[:2]:
+    for prompt, base in list(zip(prompts, baselines, strict=True))[:2]:
         ids = engine.encode_prompt(prompt)
         with torch.inference_mode():
             hf = engine.target.generate(
@@ -51,7 +51,7 @@ def test_at_least_five_prompts_run_the_full_length(baselines):
 
 @pytest.mark.parametrize("k", [None, 4])
 def test_greedy_early_exit_equals_target(engine, prompts, baselines, k):
-    for prompt, base in zip(prompts, baselines):
+    for prompt, base in zip(prompts, baselines, strict=True):
         out = engine.generate(prompt, MAX_NEW, k=k)
         assert out.token_ids == base.token_ids, f"k={k}: {prompt[-1]['content'][:60]!r}"
         assert out.text == base.text
@@ -59,7 +59,7 @@ def test_greedy_early_exit_equals_target(engine, prompts, baselines, k):
 
 def test_greedy_ngram_equals_target(engine, prompts, baselines):
     ngram = Engine(engine.target, "ngram", engine.tokenizer)
-    for prompt, base in zip(prompts, baselines):
+    for prompt, base in zip(prompts, baselines, strict=True):
         assert ngram.generate(prompt, MAX_NEW, k=4).token_ids == base.token_ids
 
 
@@ -97,3 +97,16 @@ def test_a_gguf_path_loads_the_same_model(engine, prompts, baselines):
 
     by_path = Engine.from_pretrained(target=str(default_gguf_path()), draft="ngram", device="cpu", dtype="fp32")
     assert by_path.generate(prompts[0], 16, speculative=False).token_ids == baselines[0].token_ids[:16]
+
+
+@pytest.mark.parametrize(("draft", "k"), [("early-exit:4", None), ("early-exit:4", 4), ("ngram", 3), (None, None)])
+def test_batched_rows_equal_the_target_alone(engine, prompts, baselines, draft, k):
+    """Continuous batching at 4 rows, 6 chat prompts joining as rows free up: each row's greedy
+    output equals the target alone for its prompt, token for token (None: the target alone,
+    batched, against the target alone in a batch of one)."""
+    batched_engine = engine if draft == "early-exit:4" else Engine(engine.target, draft, engine.tokenizer)
+    options = dict(k=k) if draft else dict(speculative=False)
+    outputs = batched_engine.generate_batch(prompts, MAX_NEW, max_batch=4, **options)
+    for prompt, out, base in zip(prompts, outputs, baselines, strict=True):
+        assert out.token_ids == base.token_ids, f"draft={draft} k={k}: {prompt[-1]['content'][:60]!r}"
+        assert out.text == base.text

@@ -1,0 +1,265 @@
+"""A batch of rows decoded together, one speculative step at a time (continuous batching).
+
+    batch = engine.new_batch(max_rows=8)
+    row = batch.add(engine.request(prompt, max_new_tokens=64))   # its prefill runs now
+    while len(batch):
+        for row, chunk in batch.step():                          # every row advances one step
+            ...                                                  # chunk.output is set once a row is done
+
+Rows join between two steps (`add` runs the prompt's prefill into a free row of the caches) and
+leave at the end of the step that finishes them, or whenever the caller removes them (a client
+gone, a timeout). Nobody waits for the slowest row.
+
+Each step is draft -> verify -> accept -> commit over every row at once:
+
+- draft: the drafter proposes up to k_i tokens for each row (one draft forward per draft token
+  covers all rows);
+- verify: one target forward over [pending, d1..dk_i] of every row, padded to one width, each row
+  at its own positions against its own cached context (kv.BatchCache);
+- accept: each row keeps its own prefix of the draft, by its own rule (greedy, or rejection
+  sampling with its own generator);
+- commit: each row's context grows by what it kept, and each row's caches (target and draft) are
+  rolled back by their own amount.
+
+Per-row state lives in one record, `Row`, next to the caches that hold all rows. k for the step
+comes from the policy (dynamic_k.py), which weighs the batch's cost of drafting against its
+rows' acceptance.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from adaptive_spec import kv
+from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
+from adaptive_spec.drafters import Proposal, no_proposal
+from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
+from adaptive_spec.sampling import logits_to_probs
+from adaptive_spec.stats import RequestStats, StepStats
+
+
+@dataclass(eq=False)
+class Row:
+    """One request in a batch: its context, its place in the caches, and what it has produced."""
+
+    request: Request
+    slot: int  # the row's index in the batch's caches (rows stay packed: it moves when others leave)
+    alpha: float  # this row's acceptance estimate, for dynamic k
+    ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
+    stats: RequestStats
+    trace: Trace
+    started: float
+    out: list[int] = field(default_factory=list)
+    finish: str | None = None
+
+    @property
+    def params(self):
+        return self.request.params
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.request.generator
+
+    def draft_limit(self, max_context: int | None, can_draft: bool) -> int:
+        """How many tokens this row may draft now: a step emits k + 1 tokens at most."""
+        limit = self.request.max_new_tokens - len(self.out) - 1
+        if max_context is not None:
+            limit = min(limit, max_context - len(self.ids) - 1)
+        if not (can_draft and self.request.speculative) or limit <= 0:
+            return 0
+        if self.request.k is None and not self.out:  # time to first token: the first step is the target's alone
+            return 0
+        return limit
+
+
+class Batch:
+    def __init__(self, engine, max_rows: int):
+        if max_rows < 1:
+            raise ValueError(f"a batch needs at least one row, got max_rows={max_rows}")
+        self.engine = engine
+        self.max_rows = max_rows
+        self.rows: list[Row] = []
+        self.target_cache = kv.BatchCache.for_model(engine.target)
+        self.draft_cache = engine.drafter.new_cache() if engine.drafter is not None else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) >= self.max_rows
+
+    # ---------------------------------------------------------------- rows come and go
+
+    def add(self, request: Request) -> Row:
+        """Prefill a request's prompt into a new row; it decodes from the next step on."""
+        if self.full:
+            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
+        engine = self.engine
+        row = Row(
+            request,
+            len(self.rows),
+            engine.policy.engine_alpha,
+            list(request.prompt_ids),
+            RequestStats(adapter_version=engine.adapter_version),
+            Trace(engine.record_topk),
+            time.perf_counter(),
+        )
+        started = engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
+        self.target_cache.add_row()
+        if self.draft_cache is not None:
+            self.draft_cache.add_row()  # the draft catches up lazily, on the row's first proposal
+        self.rows.append(row)
+        if len(row.ids) > 1:
+            kv.feed(engine.target, self.target_cache, [row.slot], [row.ids[:-1]])
+        row.stats.prefill_s = engine.clock() - started
+        return row
+
+    def remove(self, row: Row) -> None:
+        """Take a row out (finished, cancelled or timed out); the last row moves into its slot."""
+        slot = row.slot
+        if slot >= len(self.rows) or self.rows[slot] is not row:
+            return
+        last = self.rows.pop()
+        for cache in (self.target_cache, self.draft_cache):
+            if cache is not None:
+                cache.remove_row(slot)
+        if last is not row:
+            self.rows[slot] = last
+            last.slot = slot
+
+    def draft_changed(self) -> None:
+        """The draft's weights changed (an adapter swap): its cached keys and values are stale,
+        and every row's acceptance estimate starts again from the engine's."""
+        if self.draft_cache is not None:
+            self.draft_cache.clear()
+        for row in self.rows:
+            row.alpha = self.engine.policy.engine_alpha
+
+    # ---------------------------------------------------------------- the step
+
+    def step(self) -> list[tuple[Row, Chunk]]:
+        """Advance every row by one speculative step; finished rows leave the batch."""
+        if not self.rows:
+            return []
+        with self.engine.step_lock:
+            ks = self._choose_k()
+            proposals, draft_s = self._draft(ks)
+            target_logits, verify_s = self._verify(proposals)
+            verdicts = self._accept(proposals, target_logits)
+            emitted = self._commit(proposals, verdicts)
+        self._observe(proposals, draft_s, verify_s)
+        results = [
+            (row, self._advance(row, p, v, logits, tokens, draft_s, verify_s))
+            for row, p, v, logits, tokens in zip(self.rows, proposals, verdicts, target_logits, emitted, strict=True)
+        ]
+        for row, _ in results:
+            if row.finish is not None:
+                self.remove(row)
+        return results
+
+    def _choose_k(self) -> list[int]:
+        engine = self.engine
+        limits = [row.draft_limit(engine.max_context, engine.drafter is not None) for row in self.rows]
+        dynamic = [i for i, row in enumerate(self.rows) if row.request.k is None]
+        k = engine.policy.choose([self.rows[i].alpha for i in dynamic], [limits[i] for i in dynamic]) if dynamic else 0
+        return [
+            min(k if row.request.k is None else row.request.k, limit)
+            for row, limit in zip(self.rows, limits, strict=True)
+        ]
+
+    def _draft(self, ks: list[int]) -> tuple[list[Proposal], float]:
+        if not any(ks):
+            return [no_proposal(self.engine.device) for _ in self.rows], 0.0
+        started = self.engine.clock()
+        proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks)
+        return proposals, self.engine.clock() - started
+
+    def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
+        """One target forward over every row's [pending, d1..dk]: per row logits [k + 1, vocab]."""
+        started = self.engine.clock()
+        feeds = [[row.ids[-1], *p.tokens.tolist()] for row, p in zip(self.rows, proposals, strict=True)]
+        logits = kv.feed(
+            self.engine.target, self.target_cache, [row.slot for row in self.rows], feeds, all_logits=True
+        )  # [batch, width, vocab], each row's tokens right-aligned
+        width = logits.shape[1]
+        per_row = [logits[i, width - len(feed) :] for i, feed in enumerate(feeds)]
+        return per_row, self.engine.clock() - started
+
+    def _accept(self, proposals: list[Proposal], target_logits: list[torch.Tensor]) -> list[Verdict]:
+        verdicts = []
+        for row, proposal, logits in zip(self.rows, proposals, target_logits, strict=True):
+            if row.params.greedy:
+                verdicts.append(greedy_accept(proposal.tokens, logits))
+            else:
+                target_probs = logits_to_probs(logits, row.params)  # [k + 1, vocab]
+                verdicts.append(rejection_sample(proposal.tokens, proposal.probs, target_probs, row.generator))
+        return verdicts
+
+    def _commit(self, proposals: list[Proposal], verdicts: list[Verdict]) -> list[list[int]]:
+        """Extend each row's context and roll its caches back to it; return the emitted tokens."""
+        emitted = []
+        for row, proposal, verdict in zip(self.rows, proposals, verdicts, strict=True):
+            tokens = [*proposal.tokens[: verdict.num_accepted].tolist(), verdict.next_token]
+            row.ids += tokens
+            self.target_cache.set_length(row.slot, len(row.ids) - 1)
+            if self.draft_cache is not None:
+                drafted = self.draft_cache.lengths[row.slot]
+                self.draft_cache.set_length(row.slot, min(drafted, len(row.ids) - 1))
+            emitted.append(tokens)
+        return emitted
+
+    # ---------------------------------------------------------------- around the step
+
+    def _observe(self, proposals: list[Proposal], draft_s: float, verify_s: float) -> None:
+        width = 1 + max(len(p.tokens) for p in proposals)
+        draft_rows = sum(1 for p in proposals if p.forwards)
+        forwards = max(p.forwards for p in proposals)
+        catch_up = any(p.fed > 2 for p in proposals)
+        self.engine.policy.observe_step(len(self.rows), width, verify_s, draft_rows, forwards, draft_s, catch_up)
+
+    def _advance(
+        self,
+        row: Row,
+        proposal: Proposal,
+        verdict: Verdict,
+        target_logits: torch.Tensor,
+        emitted: list[int],
+        draft_s: float,
+        verify_s: float,
+    ) -> Chunk:
+        """Record the step for one row, check whether it is done, and say what it adds."""
+        row.trace.record(proposal, verdict, target_logits)
+        row.out += emitted
+        row.finish, keep = self.engine.finish(row.request, row.out, len(row.ids))
+        cut = len(row.out) - keep
+        del row.out[keep:]
+        drafted = len(proposal.tokens)
+        row.stats.add(
+            StepStats(drafted, verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s)
+        )
+        row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted)
+        if row.finish is None:
+            return Chunk(emitted)
+        return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))
+
+    def _output(self, row: Row) -> GenerationOutput:
+        row.trace.truncate(len(row.out))
+        row.stats.wall_s = time.perf_counter() - row.started
+        row.stats.adapter_version = self.engine.adapter_version  # the version at the end, if a swap came mid-request
+        topk_ids, topk_logprobs = row.trace.stacked(len(row.out))
+        text = cut_at_stop(self.engine.decode(row.out), row.request.stop)
+        return GenerationOutput(
+            row.out,
+            text,
+            row.finish,
+            row.stats,
+            list(row.request.prompt_ids),
+            row.trace.proposed,
+            row.trace.accepted,
+            topk_ids,
+            topk_logprobs,
+        )

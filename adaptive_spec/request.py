@@ -1,0 +1,95 @@
+"""What a request asks for, what it gets back, and what each row records on the way.
+
+`Request` is a checked request (`Engine.request` builds it); `GenerationOutput` is the finished
+result, `Chunk` what one decoding step adds while streaming, and `Trace` the per-position record
+(proposed, accepted, the target's top-m) that becomes a correction record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from adaptive_spec.acceptance import Verdict
+from adaptive_spec.drafters import Proposal
+from adaptive_spec.sampling import SamplingParams
+from adaptive_spec.stats import RequestStats
+
+
+class InputError(ValueError):
+    """A request the engine refuses, with a message meant for the caller."""
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    k: int | None  # a fixed k for this request; None = the policy's
+    stop: tuple[str, ...]
+    speculative: bool
+    generator: torch.Generator | None  # None for greedy requests
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]  # generated tokens only; EOS, or the token completing a stop string, included
+    text: str | None  # None without a tokenizer; ends before a stop string, which it does not contain
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    stats: RequestStats
+    prompt_ids: list[int]
+    proposed: list[int]  # [n_out] the draft token proposed at each output position, or -1
+    accepted: list[bool]  # [n_out] whether the output token is an accepted draft token
+    target_topk_ids: torch.Tensor | None = None  # [n_out, m] the target's top-m tokens per position
+    target_topk_logprobs: torch.Tensor | None = None  # [n_out, m] their log-probabilities
+
+
+@dataclass
+class Chunk:
+    """What one decoding step adds while streaming. The last chunk carries the whole output."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
+    output: GenerationOutput | None = None
+
+
+@dataclass
+class Trace:
+    """Per output position: what was proposed, what was kept, and the target's top-m."""
+
+    topk: int
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[bool] = field(default_factory=list)
+    topk_ids: list[torch.Tensor] = field(default_factory=list)  # each [emitted, m]
+    topk_logprobs: list[torch.Tensor] = field(default_factory=list)
+
+    def record(self, proposal: Proposal, verdict: Verdict, target_logits: torch.Tensor) -> None:
+        """target_logits: [k + 1, vocab] the row's logits at the verified positions."""
+        drafted = proposal.tokens.tolist()
+        n = verdict.num_accepted
+        self.proposed += drafted[: n + 1] + [-1] * (n + 1 - len(drafted[: n + 1]))
+        self.accepted += [True] * n + [False]
+        if self.topk:
+            logprobs = torch.log_softmax(target_logits[: n + 1].float(), dim=-1)  # [n + 1, vocab]
+            top = logprobs.topk(self.topk, dim=-1)
+            self.topk_ids.append(top.indices)
+            self.topk_logprobs.append(top.values)
+
+    def truncate(self, length: int) -> None:
+        del self.proposed[length:], self.accepted[length:]
+
+    def stacked(self, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not self.topk:
+            return None, None
+        if not self.topk_ids:
+            return torch.zeros(0, self.topk, dtype=torch.long), torch.zeros(0, self.topk)
+        return torch.cat(self.topk_ids)[:length].cpu(), torch.cat(self.topk_logprobs)[:length].cpu()
+
+
+def cut_at_stop(text: str | None, stops: tuple[str, ...]) -> str | None:
+    """The text before the first stop string, which is not part of the output (as in OpenAI's API)."""
+    if text is None or not stops:
+        return text
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
