@@ -88,9 +88,8 @@ def run_drift(
     import redis
 
     from service.correction_log import CorrectionLogWriter
-    from trainer.buffer import HoldoutSplit
     from trainer.gate import Gate
-    from trainer.online import OnlineTrainer
+    from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.stream import CorrectionStream
 
     started = time.monotonic()
@@ -121,16 +120,14 @@ def run_drift(
 
     # A benchmark sees minutes of traffic, not hours: a larger held-out share and a lower bar on
     # held-out positions let the first round come after ~40 records rather than ~160.
-    trainer = OnlineTrainer(
-        build_early_exit(engine.target, layers),
-        stream,
+    online = OnlineSettings(
         workdir / ADAPTERS_DIR,
-        gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
-        holdout=HoldoutSplit(fraction=settings.holdout_fraction),
         target_id=engine.target_id,
         draft_id=engine.draft_id,
-        on_promote=promote,
+        gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
+        holdout_fraction=settings.holdout_fraction,
     )
+    trainer = OnlineTrainer(build_early_exit(engine.target, layers), stream, online, on_promote=promote)
     stop = threading.Event()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

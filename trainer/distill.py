@@ -370,6 +370,31 @@ class DraftTrainer:
         self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
         self.optimizer = self._new_optimizer()
 
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the LoRA weights, to come back to with `restore`."""
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def restore(self, lora_state: dict[str, torch.Tensor]) -> None:
+        """The LoRA weights of a `lora_state()` copy, with the optimiser's moments cleared."""
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if parameter.requires_grad:
+                    parameter.copy_(lora_state[name])
+        self.optimizer.state.clear()
+
+    def reset(self) -> None:
+        """LoRA as it started: A as PEFT draws it (seeded), B = 0, so the draft is the base draft again;
+        the optimiser's moments cleared."""
+        from peft.tuners.lora import LoraLayer
+
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(self.settings.seed)
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer):
+                    for name in module.lora_A:
+                        module.reset_lora_parameters(name, True)
+        self.optimizer.state.clear()
+
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self._params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
 

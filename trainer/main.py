@@ -70,7 +70,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.champion import RegistryChampion
     from trainer.gate import Gate
-    from trainer.online import OnlineTrainer
+    from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.pending import PendingRegistrations
     from trainer.registry import AdapterRegistry
     from trainer.stream import CorrectionStream
@@ -107,18 +107,17 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
     ).start()
     stream = CorrectionStream(client, consumer=consumer)
-    trainer = OnlineTrainer(
-        draft_model,
-        stream,
+    online = OnlineSettings(
         data_dir / ADAPTERS_DIR,
         checkpoint_dir=data_dir / CHECKPOINT_DIR,
+        target_id=settings.target,
+        draft_id=settings.draft,
         gate=Gate(min_positions=settings.gate_min_positions),
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
-        target_id=settings.target,
-        draft_id=settings.draft,
-        on_promote=pending.submit,
-        champion_source=RegistryChampion(registry, pending),
+    )
+    trainer = OnlineTrainer(
+        draft_model, stream, online, on_promote=pending.submit, champion_source=RegistryChampion(registry, pending)
     )
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
 

@@ -21,7 +21,7 @@ import redis
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
 from adaptive_spec.record import CorrectionRecord
-from trainer.online import LATEST, _read_records
+from trainer.checkpoint import LATEST, read_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import TrainProcess, eventually
@@ -70,7 +70,7 @@ def checkpoint(data_dir: Path) -> tuple[set[str], dict] | None:
     root = data_dir / "trainer"
     try:
         directory = root / (root / LATEST).read_text().strip()
-        records = _read_records(directory / "buffer.bin") + _read_records(directory / "holdout.bin")
+        records = read_records(directory / "buffer.bin") + read_records(directory / "holdout.bin")
         return {record.request_id for record in records}, json.loads((directory / "state.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
         return None

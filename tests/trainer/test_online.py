@@ -36,11 +36,11 @@ from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
-from trainer.buffer import HoldoutSplit
 from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
-from trainer.online import AdapterVersion, OnlineTrainer, RoundResult
+from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
 from trainer.stream import CorrectionStream
+from trainer.versions import AdapterVersion
 
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
@@ -89,12 +89,23 @@ def append(client: redis.Redis, stream: str, records: list[CorrectionRecord]) ->
     pipe.execute()
 
 
-def make_trainer(target, client: redis.Redis, stream: str, consumer: str, root: Path, **options) -> OnlineTrainer:
-    defaults = dict(settings=SETTINGS, gate=GATE, holdout=HoldoutSplit(fraction=0.25), min_new_records=16,
-                    round_steps=40, read_count=32, checkpoint_dir=root / "checkpoint", target_id="tiny-llama",
-                    draft_id="early-exit:1")  # fmt: skip
+def make_trainer(
+    target, client: redis.Redis, stream: str, consumer: str, root: Path, on_promote=None, **options
+) -> OnlineTrainer:
+    defaults = dict(
+        lora=SETTINGS,
+        gate=GATE,
+        holdout_fraction=0.25,
+        min_new_records=16,
+        round_steps=40,
+        read_count=32,
+        checkpoint_dir=root / "checkpoint",
+        target_id="tiny-llama",
+        draft_id="early-exit:1",
+    )
+    settings = OnlineSettings(root / "adapters", **(defaults | options))
     stream = CorrectionStream(client, stream=stream, consumer=consumer)
-    return OnlineTrainer(build_early_exit(target, 1), stream, root / "adapters", **(defaults | options))
+    return OnlineTrainer(build_early_exit(target, 1), stream, settings, on_promote=on_promote)
 
 
 def kept(trainer: OnlineTrainer) -> int:
@@ -210,7 +221,7 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
 def test_lr0_trainer_promotes_nothing(target, records, redis_client, tmp_path):
     append(redis_client, "test:online:lr0", records)
     trainer = make_trainer(target, redis_client, "test:online:lr0", "lr0", tmp_path, round_steps=5,
-                           settings=LoraSettings(batch_tokens=512, lr=0.0))  # fmt: skip
+                           lora=LoraSettings(batch_tokens=512, lr=0.0))  # fmt: skip
     results = []
     while trainer.poll(block_ms=0):
         results.append(trainer.train_round())
@@ -357,11 +368,19 @@ def test_run_rides_out_a_redis_restart(target, records, redis_server, tmp_path):
 def test_resumed_trainer_has_the_same_buffer_champion_and_version_numbers(learned, target):
     trainer = learned.trainer
     assert learned.pending_after == 0
-    resumed = OnlineTrainer.resume(build_early_exit(target, 1),
-                                   CorrectionStream(learned.client, stream=learned.stream, consumer="learner"),
-                                   learned.root / "adapters", learned.root / "checkpoint", settings=SETTINGS,
-                                   gate=GATE, holdout=HoldoutSplit(fraction=0.25), target_id="tiny-llama",
-                                   draft_id="early-exit:1")  # fmt: skip
+    resumed = OnlineTrainer(
+        build_early_exit(target, 1),
+        CorrectionStream(learned.client, stream=learned.stream, consumer="learner"),
+        OnlineSettings(
+            learned.root / "adapters",
+            checkpoint_dir=learned.root / "checkpoint",
+            lora=SETTINGS,
+            gate=GATE,
+            holdout_fraction=0.25,
+            target_id="tiny-llama",
+            draft_id="early-exit:1",
+        ),
+    )
     assert len(resumed.buffer) == len(trainer.buffer) and resumed.buffer.tokens == trainer.buffer.tokens
     assert [e.request_id for e in resumed.buffer._examples] == [e.request_id for e in trainer.buffer._examples]
     assert resumed.holdout.records == trainer.holdout.records

@@ -36,11 +36,10 @@ from adaptive_spec.contracts import NOT_PROMOTED_TAG, OUTSIDE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from service.local_redis import free_port
-from trainer.buffer import HoldoutSplit
 from trainer.champion import RegistryChampion
 from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
-from trainer.online import OnlineTrainer, RoundResult
+from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
 from trainer.pending import PendingRegistrations
 from trainer.registry import AdapterRegistry
 from trainer.stream import CorrectionStream
@@ -57,9 +56,9 @@ SETTINGS = LoraSettings(batch_tokens=512)
 GATE = Gate(min_positions=300)  # margin 0.01
 # Rounds of 20 steps every 16 records: measured, versions 1 and 2 land after about 80 and 96 records.
 OPTIONS = dict(
-    settings=SETTINGS,
+    lora=SETTINGS,
     gate=GATE,
-    holdout=HoldoutSplit(fraction=0.25),
+    holdout_fraction=0.25,
     min_new_records=8,
     round_steps=20,
     read_count=16,
@@ -101,10 +100,10 @@ class Setup:
         data_dir = data_dir or self.root / "data"
         pending = options.pop("pending", self.pending)
         registry = options.pop("registry", self.registry)
-        return OnlineTrainer(build_early_exit(self.target, 1), CorrectionStream(self.client, stream=self.stream,
-                             consumer=consumer), data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
-                             on_promote=pending.submit, champion_source=RegistryChampion(registry, pending),
-                             **(OPTIONS | options))  # fmt: skip
+        settings = OnlineSettings(data_dir / "adapters", checkpoint_dir=data_dir / "trainer", **(OPTIONS | options))
+        stream = CorrectionStream(self.client, stream=self.stream, consumer=consumer)
+        return OnlineTrainer(build_early_exit(self.target, 1), stream, settings, on_promote=pending.submit,
+                             champion_source=RegistryChampion(registry, pending))  # fmt: skip
 
 
 @pytest.fixture

@@ -1,0 +1,108 @@
+"""The online trainer's checkpoint: everything a restarted trainer needs, written atomically.
+
+    path = write_checkpoint(data_dir / "trainer", 7, trainer.save, buffer_bytes, holdout_bytes, state)
+    state, adapter_dir = latest_checkpoint(data_dir / "trainer")   # (None, None) before the first one
+
+A checkpoint is a directory `ckpt-NNNNNN` written under a temporary name, renamed, and named by the
+file `LATEST` (replaced atomically), so a crash mid-write leaves the last complete one in place:
+
+    adapter/       the champion's LoRA weights (PEFT; the base draft's zero adapter before any promotion)
+    buffer.bin     replay-buffer records, oldest first   } each a uint32 little-endian byte length
+    holdout.bin    held-out records, oldest first        } + CorrectionRecord.encode()
+    state.json     counters, the champion's version and sha256, the next version number, the sampler's
+                   state, the registry version in sync and the local -> registry version map
+
+Only the newest checkpoint is kept. The optimiser's moments are not saved: a resumed trainer starts
+them afresh, as `DraftTrainer.load` does.
+
+Tests: `.venv/bin/python -m pytest tests/trainer/test_online.py tests/reliability/test_trainer_kill.py -q`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from adaptive_spec.record import CorrectionRecord
+
+CHECKPOINT_FORMAT = 1
+LATEST = "LATEST"  # names the complete checkpoint directory
+_LENGTH = struct.Struct("<I")
+
+
+def write_checkpoint(
+    directory: Path,
+    seq: int,
+    save_adapter: Callable[[Path], object],
+    buffer: Iterable[bytes],
+    holdout: Iterable[bytes],
+    state: dict,
+) -> Path:
+    """Write checkpoint number `seq` (encoded records, the state, and the adapter `save_adapter`
+    writes into the directory it is given), make it the LATEST, drop the older ones."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"ckpt-{seq:06d}"
+    temporary = directory / f".{name}.tmp"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    save_adapter(temporary / "adapter")
+    write_records(temporary / "buffer.bin", buffer)
+    write_records(temporary / "holdout.bin", holdout)
+    _write_durably(
+        temporary / "state.json", json.dumps({"format": CHECKPOINT_FORMAT, **state}, indent=2, sort_keys=True).encode()
+    )
+    shutil.rmtree(directory / name, ignore_errors=True)  # left by a crash before LATEST named it
+    os.rename(temporary, directory / name)
+    _write_durably(directory / f".{LATEST}.tmp", name.encode())
+    os.replace(directory / f".{LATEST}.tmp", directory / LATEST)
+    _fsync_dir(directory)
+    for old in directory.glob("ckpt-*"):
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+    return directory / name
+
+
+def latest_checkpoint(directory: Path | None) -> tuple[dict | None, Path | None]:
+    """(state.json, the checkpoint directory) of the checkpoint LATEST names, or (None, None)."""
+    if directory is None or not (directory / LATEST).exists():
+        return None, None
+    checkpoint = directory / (directory / LATEST).read_text().strip()
+    state = json.loads((checkpoint / "state.json").read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"checkpoint {checkpoint} has format {state.get('format')}, this build reads {CHECKPOINT_FORMAT}"
+        )
+    return state, checkpoint
+
+
+def write_records(path: Path, encoded: Iterable[bytes]) -> None:
+    _write_durably(path, b"".join(_LENGTH.pack(len(data)) + data for data in encoded))
+
+
+def read_records(path: Path) -> list[CorrectionRecord]:
+    data, offset, records = path.read_bytes(), 0, []
+    while offset < len(data):
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        records.append(CorrectionRecord.decode(data[offset : offset + length]))
+        offset += length
+    return records
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
