@@ -84,6 +84,7 @@ class Batch:
         self.rows: list[Row] = []
         self.target_cache = kv.BatchCache.for_model(engine.target)
         self.draft_cache = engine.drafter.new_cache() if engine.drafter is not None else None
+        self.last_step = (0, 0)  # (rows, k) of the latest step: what a server's metrics count
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -152,6 +153,7 @@ class Batch:
             verdicts = self._accept(proposals, target_logits)
             emitted = self._commit(proposals, verdicts)
         self._observe(proposals, draft_s, verify_s)
+        self.last_step = (len(self.rows), max(ks))
         results = [
             (row, self._advance(row, p, v, logits, tokens, draft_s, verify_s))
             for row, p, v, logits, tokens in zip(self.rows, proposals, verdicts, target_logits, emitted, strict=True)

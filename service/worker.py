@@ -123,11 +123,14 @@ class EngineWorker:
         queue_size: int,
         max_batch: int = 8,
         on_end: Callable[[Job, GenerationOutput | None], None] | None = None,
+        on_step: Callable[[int, int], None] | None = None,
     ) -> None:
-        """`on_end(job, output)` runs on this thread after each job: output None means it was cancelled."""
+        """`on_end(job, output)` runs on this thread after each job: output None means it was cancelled.
+        `on_step(rows, k)` runs after each decoding step with the batch size and the k drafted."""
         self.engine = engine
         self.max_batch = max_batch
         self.on_end = on_end
+        self.on_step = on_step
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closing = False
         self._active: dict[Row, Job] = {}  # the jobs decoding now, by their row in the batch
@@ -221,6 +224,8 @@ class EngineWorker:
             for row, job in list(self._active.items()):
                 self._leave(batch, row, job, exc, cancelled=False)
             return
+        if self.on_step is not None:
+            self.on_step(*batch.last_step)
         for row, chunk in results:
             job = self._active[row]
             if chunk.output is None:

@@ -337,3 +337,32 @@ def test_a_full_batch_refuses_another_row_and_memory_follows_the_rows(monkeypatc
     batch.remove(batch.rows[0])
     batch.add(engine.request(list(range(1, 101)), max_new_tokens=4))  # 100 tokens: past the first 64 positions
     assert batch.target_cache.nbytes() == 2 * 2 * kv.GROW * per_position
+
+
+# =================================================================================================
+# Adapter swaps
+# =================================================================================================
+
+
+def test_an_adapter_swap_mid_batch_changes_no_rows_greedy_output(tmp_path) -> None:
+    from test_adapters import make_adapter  # the adapter files the trainer writes, on an early exit
+
+    model = target(1)
+    make_adapter(model, 2, tmp_path / "v1", seed=2)
+    make_adapter(model, 2, tmp_path / "v2", seed=3)
+    engine = Engine(model, "early-exit:2")
+    requests = [engine.request(p, max_new_tokens=b, k=3) for p, b in zip(PROMPTS, BUDGETS, strict=True)]
+    swaps = []
+
+    def swap_now_and_then(batch, step: int) -> None:
+        if step in (2, 6, 11):  # between two steps of every row then in the batch
+            version = 1 + len(swaps) % 2
+            engine.load_adapter(tmp_path / f"v{version}", str(version))
+            swaps.append(len(batch))
+
+    outputs = run_schedule(engine, requests, ARRIVALS, max_batch=4, on_step=swap_now_and_then)
+    assert len(swaps) == 3 and min(swaps) >= 2, swaps  # each swap hit a batch of several rows
+    for out, prompt, budget in zip(outputs, PROMPTS, BUDGETS, strict=True):
+        assert out.token_ids == alone(1, prompt, budget), first_difference(out.token_ids, alone(1, prompt, budget))
+    assert {out.stats.adapter_version for out in outputs} <= {"1", "2"}
+    assert sum(out.stats.drafted for out in outputs) > 0
