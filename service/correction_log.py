@@ -2,6 +2,8 @@
 
     writer = CorrectionLogWriter(settings.redis_url)
     writer.submit(record)      # from the serving loop: encodes, enqueues, returns at once
+    writer.log(output, request_id=..., domain="sql", target_id=..., draft_id=..., temperature=0.0)  # the same, built
+                               # from an Engine output: the service and bench-drift log through it
     writer.counters()          # {"submitted": .., "written": .., "dropped": .., "queue_depth": .., ...}
     writer.close(timeout=5.0)  # at shutdown: flush what Redis accepts in time, then stop
 
@@ -46,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.record import CorrectionRecord, record_from_output
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,21 @@ class CorrectionLogWriter:
             self._queue.append(payload)
             self._has_work.notify()
             return True
+
+    def log(
+        self, output, *, request_id: str, domain: str | None, target_id: str, draft_id: str, temperature: float
+    ) -> bool:
+        """Queue the correction record of one finished generation (an Engine GenerationOutput); as submit()."""
+        record = record_from_output(
+            output,
+            request_id=request_id,
+            created_at=time.time(),
+            domain=domain,
+            target_id=target_id,
+            draft_id=draft_id,
+            temperature=temperature,
+        )
+        return self.submit(record)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the queue is empty (True) or the timeout passes (False). For tests and shutdown."""
@@ -208,7 +225,7 @@ class CorrectionLogWriter:
         for payload in batch:
             pipe.xadd(self.stream, {PAYLOAD_FIELD: payload}, maxlen=self.maxlen, approximate=True)
         results = pipe.execute(raise_on_error=False)  # connection errors still raise
-        failed = [payload for payload, result in zip(batch, results) if isinstance(result, Exception)]
+        failed = [payload for payload, result in zip(batch, results, strict=True) if isinstance(result, Exception)]
         if failed:
             first = next(result for result in results if isinstance(result, Exception))
             self._log_failure(first, len(failed))

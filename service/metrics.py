@@ -23,6 +23,7 @@ and per domain. At most `MAX_DOMAINS` distinct domains get their own label; the 
 
 from __future__ import annotations
 
+import math
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -161,6 +162,53 @@ class _CorrectionLogCollector:
         )
         yield GaugeMetricFamily(
             f"{PREFIX}correction_log_queue_depth", "Correction records waiting for Redis.", value=counts["queue_depth"]
+        )
+
+
+class StatsCollector:
+    """Prometheus view of the recorder: the drift alert and the store's own health, read at scrape time.
+
+    `adaptive_spec:drift_alert` is 1 while the served version's first-token acceptance over the
+    last window is below the set fraction of its gated figure (service/drift.py)."""
+
+    def __init__(self, recorder) -> None:  # a service.stats_store.StatsRecorder
+        self.recorder = recorder
+
+    def collect(self):
+        state, counts, name = self.recorder.drift_state, self.recorder.counts, PREFIX
+        yield GaugeMetricFamily(
+            name + "drift_alert",
+            "1 while acceptance over the drift window is below the set fraction of the served adapter's gated figure.",
+            value=1.0 if state.alert else 0.0,
+        )
+        for key, attribute, doc in (
+            (
+                "acceptance_rate_window",
+                "acceptance_rate",
+                "Accepted / drafted tokens of the served version over the drift window, all replicas.",
+            ),
+            (
+                "first_token_acceptance_window",
+                "first_token_acceptance",
+                "Accepted / drafted first draft tokens of the served version over the drift window, all replicas.",
+            ),
+            (
+                "first_token_acceptance_expected",
+                "expected",
+                "The served adapter's gated figure, for the window's mix of greedy and sampled steps.",
+            ),
+        ):
+            value = getattr(state, attribute)
+            yield GaugeMetricFamily(name + key, doc, value=math.nan if value is None else value)
+        yield CounterMetricFamily(
+            name + "stats_store_errors",
+            "Failed writes or reads of the dashboard store (retried).",
+            value=counts["errors"],
+        )
+        yield CounterMetricFamily(
+            name + "stats_store_dropped_buckets",
+            "Dashboard buckets dropped while Redis was away too long.",
+            value=counts["dropped_keys"],
         )
 
 

@@ -12,27 +12,35 @@ import logging
 import time
 import uuid
 
+from adaptive_spec.adapters import locate
 from adaptive_spec.engine import Engine, GenerationOutput
-from adaptive_spec.record import record_from_output
 from service.correction_log import CorrectionLogWriter
-from service.metrics import ServiceMetrics
+from service.drift import DriftSettings
+from service.metrics import ServiceMetrics, StatsCollector
 from service.settings import Settings
-from service.timeseries import DriftSettings, StatsCollector, StatsRecorder, find_adapter_metadata
+from service.stats_store import StatsRecorder
+from service.watcher import open_registry, start_watcher
 from service.worker import EngineWorker, Job
+from trainer.registry import AdapterRegistry
 
 log = logging.getLogger(__name__)
 
 
 class Service:
     def __init__(
-        self, settings: Settings, engine: Engine, writer: CorrectionLogWriter | None, stats: StatsRecorder | None = None
+        self,
+        settings: Settings,
+        engine: Engine,
+        writer: CorrectionLogWriter | None,
+        stats: StatsRecorder | None = None,
+        registry: AdapterRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.writer = writer
-        self.stats = stats  # the dashboard store (service/timeseries.py); None without Redis
+        self.stats = stats  # the dashboard store (service/stats_store.py); None without Redis
         self.model_name = settings.served_model_name or engine.target_id
-        self.registry = None  # trainer.registry.AdapterRegistry when one is configured (service/watcher.py)
+        self.registry = registry  # the adapter registry when one is configured (service/watcher.py open_registry)
         self.watcher = None  # follows the registry's champion alias and hot-swaps the adapter
         self.started_at = int(time.time())
         self.worker = EngineWorker(engine, settings.queue_size, settings.max_batch, on_end=self.request_ended)
@@ -65,13 +73,13 @@ class Service:
                 retention_s=settings.stats_retention_s,
                 drift=drift,
                 served_version=lambda: engine.adapter_version,
-                metadata_for=lambda version: find_adapter_metadata(settings.data_dir, version),
+                metadata_for=lambda version: _metadata_in(settings.data_dir, version),
             ).start()
-        service = cls(settings, engine, writer, stats)
+        service = cls(settings, engine, writer, stats, open_registry(settings))
         service.worker.start()
-        from service.watcher import start_watcher  # imports MLflow only when a registry is configured
-
-        service.watcher = start_watcher(service)
+        service.watcher = start_watcher(
+            engine, service.registry, settings, metrics=service.metrics, on_swap=service.record_swap
+        )
         log.info("serving %s (draft %s) with %r", service.model_name, engine.draft_id, settings)
         return service
 
@@ -86,13 +94,10 @@ class Service:
             self.stats.close()
         log.info("stopped; correction log %s", self.writer.counters() if self.writer else "off")
 
-    def load_adapter(self, path, version: str | None = None, *, kind: str = "swap", by: str | None = None) -> float:
-        """Serve the adapter at `path` (Engine.load_adapter: checked, then swapped between steps) and
-        mark it on the dashboard with its gate figures. Returns how long decoding was held (s)."""
-        held = self.engine.load_adapter(path, version)
+    def record_swap(self, kind: str, version: str | None, by: str | None, adapter_dir) -> None:
+        """The watcher's callback, once per swap it made: a dashboard marker with the adapter's gate figures."""
         if self.stats is not None:
-            self.stats.mark(kind, self.engine.adapter_version, by, adapter_dir=path)
-        return held
+            self.stats.mark(kind, version, by, adapter_dir=adapter_dir)
 
     def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None) -> Job:
         """A job for the worker; its id names the response and the correction record."""
@@ -131,13 +136,17 @@ class Service:
                 log.warning("the engine records no target top-m (record_topk=0): no correction records are written")
                 self._warned_no_topk = True
             return
-        record = record_from_output(
+        self.writer.log(  # never blocks on Redis
             output,
             request_id=job.meta["request_id"],
-            created_at=time.time(),
             domain=domain,
             target_id=self.engine.target_id,
             draft_id=self.engine.draft_id,
             temperature=job.params["temperature"],
         )
-        self.writer.submit(record)  # never blocks on Redis
+
+
+def _metadata_in(data_dir, version: str) -> dict | None:
+    """A served version's metadata from the data directory, for swaps the dashboard saw but nobody marked."""
+    found = locate(data_dir, version)
+    return found.metadata() if found is not None else None

@@ -1,10 +1,14 @@
 """The adapter watcher: the server follows the registry's `champion` alias and hot-swaps the draft's
 adapter between decoding steps.
 
-    watcher = AdapterWatcher(engine, AdapterRegistry(uri, data_dir=d), d / "adapter-cache",
-                             poll_s=5.0, redis_url=os.environ.get("REDIS_URL"), metrics=service.metrics)
-    watcher.start()        # Service.start does this when a registry is configured (`start_watcher`)
+    registry = open_registry(settings)           # MLFLOW_TRACKING_URI, else <data-dir>/mlflow.db if there
+    watcher = AdapterWatcher(engine, registry, data_dir / "adapter-cache", poll_s=5.0,
+                             events=registry.events, metrics=metrics, on_swap=record_swap).start()
     watcher.check()        # one pass, in the caller's thread: "unchanged", "swapped", "unloaded", "refused", ...
+
+`Service.start` builds both (`start_watcher`); the watcher gets only what it uses: the engine, the
+registry with its adapter-events channel (trainer/adapter_events.py), the metrics and a callback
+that records each swap on the dashboard.
 
 Tests (tiny engine, real MLflow and Redis, about 40 s): `.venv/bin/python -m pytest tests/service/test_watcher.py -q`.
 
@@ -36,7 +40,7 @@ adapter stays and the watcher retries at the next poll (`adaptive_spec:adapter_r
 
 Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`), its pause (how long decoding was
 held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and `on_swap(kind, version, by, path)` is
-called (Service passes it to the dashboard's `stats.mark`), kind "rollback" when the registry's
+called once, after the swap (`Service.record_swap` marks it on the dashboard), kind "rollback" when the registry's
 event says so (or, for an alias moved in the MLflow UI, when the version number went down), else
 "swap"; `by` is the event's, or "mlflow-alias".
 """
@@ -60,7 +64,9 @@ from adaptive_spec.contracts import (
     cache_dir_name,
     sqlite_tracking_uri,
 )
+from adaptive_spec.drafters.model import ModelDrafter
 from trainer.adapter_events import AdapterEvents
+from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +137,6 @@ class AdapterWatcher:
 
     def check(self) -> str:
         """Follow the champion alias once; returns what happened."""
-        from trainer.registry import RegistryError, RegistryUnavailable
-
         with self._check_lock:
             try:
                 champion = self.registry.champion()
@@ -269,45 +273,36 @@ class AdapterWatcher:
             self._wake.clear()
 
 
-def start_watcher(service) -> AdapterWatcher | None:
-    """Build the registry and the watcher for a Service; None when there is nothing to watch.
-
-    A registry is configured when `settings.mlflow_tracking_uri` (MLFLOW_TRACKING_URI) is set, or the
-    data directory already holds the trainer's default `mlflow.db`. `adapter_poll_s` = 0 turns the
-    watcher off (the admin API still reaches the registry)."""
-    from adaptive_spec.drafters.model import ModelDrafter
-    from trainer.registry import AdapterRegistry
-
-    settings = service.settings
+def open_registry(settings) -> AdapterRegistry | None:
+    """The adapter registry the settings name, or None: `mlflow_tracking_uri` (MLFLOW_TRACKING_URI)
+    when set, else the trainer's default `mlflow.db` when the data directory already holds one."""
     uri = settings.mlflow_tracking_uri
     if uri is None and (Path(settings.data_dir) / MLFLOW_DB).is_file():
         uri = sqlite_tracking_uri(settings.data_dir)
     if uri is None:
         return None
-    service.registry = AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
-    if not isinstance(service.engine.drafter, ModelDrafter):
-        log.warning("draft %s takes no adapters: not watching the registry", service.engine.draft_id)
-        return None
-    if settings.adapter_poll_s <= 0:
-        return None
+    return AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
 
-    def mark(kind: str, version: str | None, by: str | None, path: Path | None) -> None:
-        stats = getattr(service, "stats", None)  # the dashboard store, when there is one
-        if not callable(getattr(stats, "mark", None)):
-            return
-        try:
-            stats.mark(kind, version, by, adapter_dir=path)  # its gate figures, for the drift alert
-        except TypeError:  # a store whose mark() takes no adapter_dir
-            stats.mark(kind, version, by)
 
+def start_watcher(
+    engine, registry: AdapterRegistry | None, settings, *, metrics=None, on_swap=None
+) -> AdapterWatcher | None:
+    """A started watcher that keeps `engine` on the registry's champion; None when there is nothing to
+    watch: no registry, a draft that takes no adapters, or `adapter_poll_s` = 0 (the admin API still
+    reaches the registry)."""
+    if registry is None or settings.adapter_poll_s <= 0:
+        return None
+    if not isinstance(engine.drafter, ModelDrafter):
+        log.warning("draft %s takes no adapters: not watching the registry", engine.draft_id)
+        return None
     return AdapterWatcher(
-        service.engine,
-        service.registry,
+        engine,
+        registry,
         Path(settings.data_dir) / ADAPTER_CACHE_DIR,
         poll_s=settings.adapter_poll_s,
-        events=service.registry.events,
-        metrics=service.metrics,
-        on_swap=mark,
+        events=registry.events,
+        metrics=metrics,
+        on_swap=on_swap,
     ).start()
 
 

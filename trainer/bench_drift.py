@@ -45,7 +45,6 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
-from adaptive_spec.record import record_from_output
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +140,13 @@ def run_drift(
             if time.monotonic() > traffic_deadline:
                 break
             out = engine.generate(item.prompt, settings.max_new_tokens, k=settings.k)
-            writer.submit(
-                record_from_output(
-                    out,
-                    request_id=uuid.uuid4().hex,
-                    created_at=time.time(),
-                    domain=item.domain or domain,
-                    target_id=engine.target_id,
-                    draft_id=engine.draft_id,
-                    temperature=0.0,
-                )
+            writer.log(  # as the server logs a finished request
+                out,
+                request_id=uuid.uuid4().hex,
+                domain=item.domain or domain,
+                target_id=engine.target_id,
+                draft_id=engine.draft_id,
+                temperature=0.0,
             )
             served += 1
             bar.set_postfix(

@@ -9,7 +9,7 @@
 Times are unix seconds; `to` defaults to now and `from` to an hour before `to`. Without `step`
 the finest stored buckets that give at most `MAX_POINTS` points are used (24 h -> 60 s buckets,
 1440 points), so the page stays fast whatever the range. The figures and their formulas are in
-`service/timeseries.py`. Like /metrics, these routes need no key and show no request content.
+`service/stats_queries.py`. Like /metrics, these routes need no key and show no request content.
 Without REDIS_URL there is no store: the API answers 503 and the page says why.
 """
 
@@ -27,7 +27,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from service.errors import APIError, bad_request
-from service.timeseries import MAX_POINTS, RESOLUTIONS, TARGET_ALONE, StatsRecorder, figures
+from service.stats_queries import MAX_POINTS, RESOLUTIONS, TARGET_ALONE, figures
+from service.stats_store import StatsRecorder
 
 ASSETS = Path(__file__).resolve().parents[2] / "ops" / "dashboard"
 MAX_RANGE_S = 31 * 86400

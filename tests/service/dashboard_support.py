@@ -1,7 +1,7 @@
 """Helpers for the dashboard tests: tiny LoRA adapters with gate figures, and traffic.
 
 path = make_adapter(engine, tmp_path / "v1", seed=1, greedy_match=0.6)
-service.load_adapter(path, "1", by="test")        # swap + dashboard marker with its gate figures
+swap(service, path, "1", by="test")        # as the adapter watcher does: swap, then the dashboard marker
 """
 
 from __future__ import annotations
@@ -38,6 +38,14 @@ def make_adapter(
         },
     )
     return path
+
+
+def swap(service, path: Path, version: str, *, by: str) -> float:
+    """What the adapter watcher does after it verified a version: swap the engine to it, then record
+    the swap (a dashboard marker with its gate figures). Returns how long decoding was held (s)."""
+    held = service.engine.load_adapter(path, version)
+    service.record_swap("swap", version, by, path)
+    return held
 
 
 def send_traffic(url: str, requests: int, domain: str, seed: int = 0, max_tokens: int = 24) -> None:

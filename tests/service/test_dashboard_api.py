@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from dashboard_support import make_adapter, send_traffic, settle
+from dashboard_support import make_adapter, send_traffic, settle, swap
 from tiny import tiny_target
 
 from adaptive_spec import Engine
@@ -27,7 +27,7 @@ def test_series_events_and_summary_follow_live_traffic_and_swaps(
     v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.5, expected_acceptance=0.4)
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path) as server:
         send_traffic(server.url, 3, "alpha")
-        server.service.load_adapter(v1, "1", by="test")
+        swap(server.service, v1, "1", by="test")
         send_traffic(server.url, 2, "beta")
         settle(server.service, 5)
         series = httpx.get(server.url + "/api/stats/series").json()
@@ -53,7 +53,7 @@ def test_drift_alert_on_the_page_data_and_in_prometheus(live_server, engine, red
     # The gate promised 0.95 first-token acceptance; a random adapter on a random model gets far less.
     v1 = make_adapter(engine.target, 1, tmp_path / "v1", seed=1, version=1, greedy_match=0.95, expected_acceptance=0.9)
     with live_server(engine, redis_url=redis_url, data_dir=tmp_path, drift_min_drafts=20) as server:
-        server.service.load_adapter(v1, "1", by="test")
+        swap(server.service, v1, "1", by="test")
         metrics = httpx.get(server.url + "/metrics").text
         assert "adaptive_spec:drift_alert 0.0" in metrics  # no traffic yet: no alert
         send_traffic(server.url, 4, "gamma")

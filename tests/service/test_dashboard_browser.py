@@ -16,12 +16,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from dashboard_support import make_adapter, send_traffic, settle
+from dashboard_support import make_adapter, send_traffic, settle, swap
 from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.stats import RequestStats, StepStats
-from service.timeseries import StatsRecorder
+from service.stats_store import StatsRecorder
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -85,9 +85,9 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
             [(None, "json"), ("swap v1", "json"), ("swap v2", "sql"), ("rollback v1", "sql")]
         ):
             if action == "swap v1":
-                service.load_adapter(v1, "1", by="test")
+                swap(service, v1, "1", by="test")
             elif action == "swap v2":
-                service.load_adapter(v2, "2", by="test")
+                swap(service, v2, "2", by="test")
             elif action == "rollback v1":  # as the adapter watcher does it: swap on the engine, then mark it
                 engine.load_adapter(v1, "1")
                 service.stats.mark("rollback", "1", by="test")

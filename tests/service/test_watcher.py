@@ -234,7 +234,7 @@ def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(
     with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
         marks = []
 
-        class Stats:  # what the dashboard store offers (service/timeseries.py), recording the calls
+        class Stats:  # what the dashboard store offers (service/stats_store.py), recording the calls
             def mark(self, kind, version, by=None, **extra):
                 marks.append((kind, version, by, sorted(extra)))
 

@@ -1,7 +1,8 @@
-"""The dashboard store (service/timeseries.py) against a real redis-server: bucket sums across
-replicas, resolution by range, retention, Redis outages, markers and the drift alert.
+"""The dashboard store (service/stats_store.py, its reads in service/stats_queries.py and
+service/drift.py) against a real redis-server: bucket sums across replicas, resolution by range,
+retention, Redis outages, markers and the drift alert.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/service/test_timeseries.py -q
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/service/test_stats_store.py -q
 """
 
 from __future__ import annotations
@@ -12,15 +13,11 @@ import pytest
 import redis
 
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
+from adaptive_spec.contracts import stats_bucket_key as bucket_key
 from adaptive_spec.stats import RequestStats, StepStats
-from service.timeseries import (
-    FINE_RETENTION_CAP_S,
-    MAX_PENDING_KEYS,
-    DriftSettings,
-    StatsRecorder,
-    bucket_key,
-    field_name,
-)
+from service.drift import DriftSettings
+from service.stats_queries import FINE_RETENTION_CAP_S, field_name
+from service.stats_store import MAX_PENDING_KEYS, StatsRecorder
 
 pytestmark = pytest.mark.redis
 
