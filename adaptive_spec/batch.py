@@ -54,6 +54,7 @@ class Row:
     started: float
     out: list[int] = field(default_factory=list)
     finish: str | None = None
+    features: Features | None = None  # the target's hidden state at each context position, for a head draft
 
     @property
     def params(self):
@@ -75,6 +76,37 @@ class Row:
         return limit
 
 
+class Features:
+    """A row's target hidden states by position, `[positions, hidden]`, grown by appending.
+
+    A head draft reads the target's hidden state at position t - 1 to draft token t + 1
+    (drafters/head.py). The target computes them while prefilling and verifying; a row keeps
+    every one of its context (2.3 KB per token for the default model in fp32), so that a head
+    whose cache was cleared (an adapter swap) can catch up without running the target again.
+    """
+
+    def __init__(self, first: torch.Tensor):
+        self._data = first.clone()  # [capacity, hidden]
+        self.length = first.shape[0]
+
+    def append(self, states: torch.Tensor) -> None:
+        """states: [m, hidden], the positions right after the last one held."""
+        needed = self.length + states.shape[0]
+        if needed > self._data.shape[0]:
+            grown = self._data.new_empty((max(needed, 2 * self._data.shape[0]), self._data.shape[1]))
+            grown[: self.length] = self._data[: self.length]
+            self._data = grown
+        self._data[self.length : needed] = states
+        self.length = needed
+
+    def get(self, start: int, stop: int) -> torch.Tensor:
+        """Positions [start, stop), `[stop - start, hidden]`; position -1 (before the first token) is zeros."""
+        if start >= 0:
+            return self._data[start:stop]
+        zeros = self._data.new_zeros((-start, self._data.shape[1]))
+        return torch.cat([zeros, self._data[:stop]])
+
+
 class Batch:
     def __init__(self, engine, max_rows: int):
         if max_rows < 1:
@@ -85,6 +117,8 @@ class Batch:
         self.target_cache = kv.BatchCache.for_model(engine.target)
         self.draft_cache = engine.drafter.new_cache() if engine.drafter is not None else None
         self.last_step = (0, 0)  # (rows, k) of the latest step: what a server's metrics count
+        self.wants_hidden = bool(getattr(engine.drafter, "wants_target_hidden", False))
+        self._verified_hidden: list[torch.Tensor] | None = None  # per row [k + 1, hidden], from the last verify
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -115,7 +149,9 @@ class Batch:
             self.draft_cache.add_row()  # the draft catches up lazily, on the row's first proposal
         self.rows.append(row)
         if len(row.ids) > 1:
-            kv.feed(engine.target, self.target_cache, [row.slot], [row.ids[:-1]])
+            out = kv.feed(engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
+            if self.wants_hidden:
+                row.features = Features(out[1][0])  # positions 0 .. len - 2
         row.stats.prefill_s = engine.clock() - started
         return row
 
@@ -184,11 +220,20 @@ class Batch:
         """One target forward over every row's [pending, d1..dk]: per row logits [k + 1, vocab]."""
         started = self.engine.clock()
         feeds = [[row.ids[-1], *p.tokens.tolist()] for row, p in zip(self.rows, proposals, strict=True)]
-        logits = kv.feed(
-            self.engine.target, self.target_cache, [row.slot for row in self.rows], feeds, all_logits=True
-        )  # [batch, width, vocab], each row's tokens right-aligned
+        out = kv.feed(
+            self.engine.target,
+            self.target_cache,
+            [row.slot for row in self.rows],
+            feeds,
+            all_logits=True,
+            hidden=self.wants_hidden,
+        )
+        logits, hidden = out if self.wants_hidden else (out, None)  # [batch, width, vocab], [batch, width, hidden]
         width = logits.shape[1]
         per_row = [logits[i, width - len(feed) :] for i, feed in enumerate(feeds)]
+        self._verified_hidden = (
+            None if hidden is None else [hidden[i, width - len(feed) :] for i, feed in enumerate(feeds)]
+        )
         return per_row, self.engine.clock() - started
 
     def _accept(self, proposals: list[Proposal], target_logits: list[torch.Tensor]) -> list[Verdict]:
@@ -204,13 +249,22 @@ class Batch:
     def _commit(self, proposals: list[Proposal], verdicts: list[Verdict]) -> list[list[int]]:
         """Extend each row's context and roll its caches back to it; return the emitted tokens."""
         emitted = []
-        for row, proposal, verdict in zip(self.rows, proposals, verdicts, strict=True):
+        keep_after_commit = getattr(self.engine.drafter, "keep_after_commit", None)
+        for i, (row, proposal, verdict) in enumerate(zip(self.rows, proposals, verdicts, strict=True)):
             tokens = [*proposal.tokens[: verdict.num_accepted].tolist(), verdict.next_token]
+            before = len(row.ids)
             row.ids += tokens
             self.target_cache.set_length(row.slot, len(row.ids) - 1)
+            if self._verified_hidden is not None:  # the pending token's and the accepted drafts' states
+                states = self._verified_hidden[i][: verdict.num_accepted + 1]
+                if row.features is None:
+                    row.features = Features(states)
+                else:
+                    row.features.append(states)
             if self.draft_cache is not None:
+                valid = keep_after_commit(before, len(row.ids)) if keep_after_commit else len(row.ids) - 1
                 drafted = self.draft_cache.lengths[row.slot]
-                self.draft_cache.set_length(row.slot, min(drafted, len(row.ids) - 1))
+                self.draft_cache.set_length(row.slot, min(drafted, valid))
             emitted.append(tokens)
         return emitted
 

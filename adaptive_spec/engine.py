@@ -29,6 +29,7 @@ from adaptive_spec import attention, cpu_linear
 from adaptive_spec.batch import Batch
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.head import HeadDrafter
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
@@ -73,6 +74,8 @@ class Engine:
         for model in (self.target, self.drafter.model) if isinstance(self.drafter, ModelDrafter) else (self.target,):
             cpu_linear.install(model)  # fp32 on the CPU only (cpu_linear.applies): ~2x faster decoding steps
             attention.use(model)  # a padded batch's masked attention without copying K/V per query head
+        if isinstance(self.drafter, HeadDrafter):
+            cpu_linear.install(self.drafter.head)  # its attention follows the target's config, which it shares
         self.k = k
         self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
         self.target_id = target_id
@@ -376,8 +379,10 @@ def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Draft
             return NgramDrafter(spec.max_ngram, device)
         if spec.kind == "early-exit":
             return ModelDrafter(build_early_exit(target, spec.layers), name=draft)
+        if spec.kind == "head":
+            return HeadDrafter(target, name=draft)
         raise DraftSpecError(
-            f"unknown draft spec {draft!r}: use early-exit:N, ngram, ngram:N, or a model "
+            f"unknown draft spec {draft!r}: use early-exit:N, head, ngram, ngram:N, or a model "
             f"(Engine.from_pretrained loads a draft model by name)"
         )
     if isinstance(draft, torch.nn.Module):

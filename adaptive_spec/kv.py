@@ -26,6 +26,8 @@ longest row needs it, so a batch holds at most `rows x context limit` positions.
 from __future__ import annotations
 
 import itertools
+import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -177,41 +179,62 @@ def feed(
     *,
     all_logits: bool = False,
     decoder_only: bool = False,
-) -> torch.Tensor:
+    hidden: bool = False,
+):
     """Run `model` on `feeds[i]` after row `rows[i]`'s cached context and advance each row's length.
 
     Returns logits `[n, width, vocab]` when `all_logits` (feeds right-aligned: row i's own tokens
     are the last `len(feeds[i])` columns), else `[n, vocab]` after each row's last token; with
-    `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. A single row
-    feeding more than PREFILL_CHUNK tokens (a prompt) runs in chunks.
+    `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. With
+    `hidden`, also the hidden state entering the final norm at every fed position,
+    `[n, width, hidden]` (what a head draft reads): `(logits, hidden)`. A single row feeding more
+    than PREFILL_CHUNK tokens (a prompt) runs in chunks.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
-        tokens = feeds[0]
+        tokens, states = feeds[0], []
         for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-            feed(model, cache, rows, [tokens[start : start + PREFILL_CHUNK]], decoder_only=True)
-        return feed(
-            model, cache, rows, [tokens[-(len(tokens) % PREFILL_CHUNK or PREFILL_CHUNK) :]], decoder_only=decoder_only
-        )
+            chunk = feed(model, cache, rows, [tokens[start : start + PREFILL_CHUNK]], decoder_only=True, hidden=hidden)
+            if hidden:
+                states.append(chunk[1])
+        last = feed(model, cache, rows, [tokens[-(len(tokens) % PREFILL_CHUNK or PREFILL_CHUNK) :]],
+                    decoder_only=decoder_only, hidden=hidden)  # fmt: skip
+        return (last[0], torch.cat([*states, last[1]], dim=1)) if hidden else last
     fed = [len(f) for f in feeds]
     width = max(fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     positions, mask = cache.inputs(rows, fed, width)
-    if decoder_only:
-        decoder = model.model if hasattr(model, "model") else model.get_decoder()
-        hidden = decoder(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
-        ).last_hidden_state  # [n, width, hidden]
-        out = hidden[:, -1]
-    else:
-        logits = model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=0 if all_logits else 1,
-        ).logits  # [n, width or 1, vocab]
-        out = logits if all_logits else logits[:, -1]
+    with _capture_final_norm_input(model, hidden) as captured:
+        if decoder_only:
+            decoder = model.model if hasattr(model, "model") else model.get_decoder()
+            states = decoder(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                             use_cache=True).last_hidden_state  # [n, width, hidden]  # fmt: skip
+            out = states[:, -1]
+        else:
+            logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                           use_cache=True, logits_to_keep=0 if all_logits else 1).logits  # [n, width or 1, vocab]  # fmt: skip
+            out = logits if all_logits else logits[:, -1]
     for row, n in zip(rows, fed, strict=True):
         cache.set_length(row, cache.lengths[row] + n)
-    return out
+    return (out, captured[0]) if hidden else out
+
+
+@contextmanager
+def _capture_final_norm_input(model, active: bool):
+    """Collect what enters `model`'s final norm during the block (this thread's calls only: an
+    early-exit draft shares the norm and may run in another thread)."""
+    captured: list[torch.Tensor] = []
+    if not active:
+        yield captured
+        return
+    decoder = model.model if hasattr(model, "model") else model.get_decoder()
+    owner = threading.get_ident()
+
+    def hook(module, args):
+        if threading.get_ident() == owner:
+            captured.append(args[0])
+
+    handle = decoder.norm.register_forward_pre_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()

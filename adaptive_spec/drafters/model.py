@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from adaptive_spec import cpu_linear, kv
+from adaptive_spec import kv
 from adaptive_spec.drafters import DraftRow, Proposal
-from adaptive_spec.sampling import logits_to_probs, sample
+from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unseen context than this catches up in a forward of its own
 
@@ -29,35 +28,14 @@ class ModelDrafter:
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
-        self.vocab: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
-        self._head_rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
-        self._full_vocab = model.get_output_embeddings().weight.shape[0]
+        self.vocab = DraftVocab(model.get_output_embeddings())
 
     def new_cache(self) -> kv.BatchCache:
         return kv.BatchCache.for_model(self.model)
 
     def restrict_vocab(self, token_ids) -> None:
-        """Propose only these tokens (None: any), computing just their rows of the LM head.
-
-        The default model's head has 49152 rows, about a third of an `early-exit:4` step. Traffic
-        of one kind uses far fewer tokens: restricted to the 1,200 a domain's records used, the head
-        costs 1/40 of that. It stays lossless: the target still verifies every token, and a token
-        outside the set is simply never proposed (under sampling, the draft's distribution is the
-        restricted one, which rejection sampling corrects like any other).
-        """
-        if token_ids is None:
-            self.vocab = self._head_rows = None
-            return
-        vocab = torch.as_tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long, device=self.device)
-        if vocab.numel() == 0 or int(vocab[0]) < 0 or int(vocab[-1]) >= self._full_vocab:
-            raise ValueError(f"a draft vocabulary must be non-empty ids in [0, {self._full_vocab})")
-        head = self.model.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise ValueError("restricting the vocabulary needs an LM head without bias")
-        self._head_rows = head.weight[vocab].contiguous()
-        # the same rule as the layers' linears (cpu_linear.install)
-        self._head_product = cpu_linear.skinny_linear if cpu_linear.applies(self._head_rows) else F.linear
-        self.vocab = vocab
+        """Propose only these tokens (None: any); see `DraftVocab.restrict`."""
+        self.vocab.restrict(token_ids)
 
     def swap_layers(self, layers) -> torch.nn.ModuleList:
         """Decode with these decoder layers from now on (an adapter's slot); returns the old ones.
@@ -80,15 +58,10 @@ class ModelDrafter:
         while live := [i for i in drafting if len(tokens[i]) < ks[i]]:
             logits = self._next_logits(cache, [rows[i].slot for i in live], [feeds[i] for i in live])  # [n, n_vocab]
             for j, i in enumerate(live):
-                row = rows[i]
-                if row.params.greedy:
-                    choice = int(logits[j].argmax())
-                else:
-                    row_probs = logits_to_probs(logits[j : j + 1], row.params)  # [1, n_vocab]
-                    choice = int(sample(row_probs, row.generator)[0])
-                    probs[i].append(self._to_full_vocab(row_probs[0]))
-                token = choice if self.vocab is None else int(self.vocab[choice])
+                token, row_probs = self.vocab.choose(logits[j], rows[i])
                 tokens[i].append(token)
+                if row_probs is not None:
+                    probs[i].append(row_probs)
                 feeds[i] = [token]
         return [
             Proposal(
@@ -102,12 +75,6 @@ class ModelDrafter:
 
     def _next_logits(self, cache: kv.BatchCache, slots: list[int], feeds: list[list[int]]) -> torch.Tensor:
         """Logits after each row's feed: [n, vocab], or [n, n_vocab] over the restricted vocabulary."""
-        if self.vocab is None:
+        if not self.vocab.restricted:
             return kv.feed(self.model, cache, slots, feeds)
-        hidden = kv.feed(self.model, cache, slots, feeds, decoder_only=True)  # [n, hidden]
-        return self._head_product(hidden, self._head_rows)  # [n, n_vocab]
-
-    def _to_full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        if self.vocab is None:
-            return probs
-        return torch.zeros(self._full_vocab, dtype=probs.dtype, device=probs.device).index_copy_(0, self.vocab, probs)
+        return self.vocab.logits(kv.feed(self.model, cache, slots, feeds, decoder_only=True))  # [n, n_vocab]

@@ -145,7 +145,7 @@ def test_a_restricted_draft_vocabulary_stays_lossless_and_only_proposes_its_toke
         assert out.token_ids == baseline
         assert out.stats.accepted > 0, "the restricted draft still agrees where its tokens are right"
     engine.unload_adapter()
-    assert engine.drafter.vocab is None
+    assert engine.drafter.vocab.ids is None
 
 
 def test_a_bad_draft_vocabulary_is_refused(tmp_path):
@@ -156,4 +156,4 @@ def test_a_bad_draft_vocabulary_is_refused(tmp_path):
     engine = Engine(target, "early-exit:2")
     with pytest.raises(AdapterError, match="token_ids"):
         engine.load_adapter(path)
-    assert engine.adapter_version is None and engine.drafter.vocab is None
+    assert engine.adapter_version is None and engine.drafter.vocab.ids is None

@@ -1,0 +1,164 @@
+"""A head draft (EAGLE-style): one decoder layer that reads the target's own hidden state.
+
+To draft token t + 1, the head takes the target's hidden state at position t - 1 (what entered
+the target's final norm there, `f[t-1]`) and the embedding of token t, fuses them with a linear
+map `[2 * hidden -> hidden]`, and runs one decoder layer of the target's architecture over the
+result, with its own KV cache. Its output is its prediction of the target's hidden state at t,
+`f'[t]`; the target's final norm and LM head (shared, not copied) turn it into the next-token
+distribution. To draft further it feeds its own prediction back: (f'[t], d1) gives f'[t+1] and
+d2, and so on (Li et al., EAGLE, 2024).
+
+    head = DraftHead(target)                              # fuse + a copy of the target's last layer
+    states = head(ids, features, position_ids, mask, cache)   # [n, width, hidden]: predicted f
+    logits = head.logits(states)                          # through the target's norm and LM head
+
+The target's hidden states come from the target's own forwards: the batch captures them while
+prefilling and verifying (`kv.feed(..., hidden=True)`) and keeps them per row (`batch.Features`).
+After every verify the head's cache keeps only what it computed from exact states: positions up
+to the pending token. The accepted drafts are fed again next step with the target's states in
+place of the head's own, so every round starts from exact features (`keep_after_commit`).
+
+Cost: one decoder layer (3.5 M weights on the default model) plus the fuse (0.66 M) and the LM
+head restricted to the traffic's tokens, against 30 layers and a 49152-row head for the target.
+The layer starts as a copy of the target's last layer and the fuse as `f + e` (identity on both
+halves); a trained head version (trainer/) replaces both. The target never changes.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from adaptive_spec import kv
+from adaptive_spec.drafters import DraftRow, Proposal
+from adaptive_spec.drafters.early_exit import decoder_layers
+from adaptive_spec.drafters.vocab import DraftVocab
+
+CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
+
+
+class DraftHead(nn.Module):
+    """The head's own weights are `fuse` and `layer`; the embedding, final norm, LM head and rotary
+    embedding are the target's, held outside the module tree so that state dicts, adapters and
+    optimisers see only the head's own weights."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.config = target.config
+        hidden = target.config.hidden_size
+        layers = decoder_layers(target)
+        reference = next(layers[-1].parameters())
+        self.fuse = nn.Linear(2 * hidden, hidden, bias=False, device=reference.device, dtype=reference.dtype)
+        with torch.no_grad():
+            eye = torch.eye(hidden, device=reference.device, dtype=reference.dtype)
+            self.fuse.weight.copy_(torch.cat([eye, eye], dim=1))  # f + e
+        self.layer = copy.deepcopy(layers[-1])
+        self.layer.self_attn.layer_idx = 0  # the head's cache has one layer
+        self.shared = SimpleNamespace(
+            embed=target.model.embed_tokens, norm=target.model.norm, lm_head=target.get_output_embeddings(),
+            rotary=target.model.rotary_emb,
+        )  # fmt: skip
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values=None) -> torch.Tensor:  # fmt: skip
+        """input_ids [n, width]; features [n, width, hidden], the target's state at each previous
+        position -> the predicted target state at each position, [n, width, hidden]. Without a
+        cache or mask (training) the attention is causal over the width."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+        fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
+        rotary = self.shared.rotary(fused, position_ids=position_ids)
+        return self.layer(fused, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, position_embeddings=rotary)  # fmt: skip
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] predicted states -> [..., vocab], through the target's final norm and head."""
+        return self.shared.lm_head(self.shared.norm(states))
+
+
+class HeadDrafter:
+    """Drafts with a `DraftHead`, every row of a batch in one forward per draft token."""
+
+    wants_target_hidden = True  # the batch keeps each row's target states (`Row.features`)
+
+    def __init__(self, target, name: str = "head"):
+        self.head = DraftHead(target).eval().requires_grad_(False)
+        self.name = name
+        self.device = next(self.head.parameters()).device
+        self.vocab = DraftVocab(self.head.shared.lm_head)
+
+    def new_cache(self) -> kv.BatchCache:
+        return kv.BatchCache(1, self.device)
+
+    def restrict_vocab(self, token_ids) -> None:
+        """Propose only these tokens (None: any); see `DraftVocab.restrict`."""
+        self.vocab.restrict(token_ids)
+
+    def keep_after_commit(self, before: int, after: int) -> int:
+        """Cache positions still valid once a row's context grew from `before` to `after` tokens:
+        those fed with the target's own states, up to the old pending token (position before - 1).
+        The accepted drafts were fed with the head's predictions and are fed again."""
+        return before
+
+    @torch.inference_mode()
+    def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+        drafting = [i for i, k in enumerate(ks) if k > 0]
+        feeds, fed = {}, {}
+        for i in drafting:
+            row, start = rows[i], cache.lengths[rows[i].slot]
+            tokens = row.ids[start:]
+            states = self._target_states(row, start)  # [len(tokens), hidden]
+            fed[i] = len(tokens)
+            if len(tokens) > CATCH_UP_ALONE:  # the prompt, the first time: alone, not padding the others
+                self._feed(cache, [row.slot], [tokens[:-1]], [states[:-1]])
+                tokens, states = tokens[-1:], states[-1:]
+            feeds[i] = (tokens, states)
+        drafted: dict[int, list[int]] = {i: [] for i in drafting}
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in drafting}
+        while live := [i for i in drafting if len(drafted[i]) < ks[i]]:
+            predicted = self._feed(cache, [rows[i].slot for i in live], [feeds[i][0] for i in live],
+                                   [feeds[i][1] for i in live])  # [n, hidden]  # fmt: skip
+            logits = self.vocab.logits(self.head.shared.norm(predicted))  # [n, n_vocab]
+            for j, i in enumerate(live):
+                token, row_probs = self.vocab.choose(logits[j], rows[i])
+                drafted[i].append(token)
+                if row_probs is not None:
+                    probs[i].append(row_probs)
+                feeds[i] = ([token], predicted[j : j + 1])
+        return [
+            Proposal(
+                torch.tensor(drafted.get(i, []), dtype=torch.long, device=self.device),
+                torch.stack(probs[i]) if probs.get(i) else None,  # [k, vocab]
+                forwards=len(drafted.get(i, [])),
+                fed=fed.get(i, 0),
+            )
+            for i in range(len(rows))
+        ]
+
+    def _target_states(self, row: DraftRow, start: int) -> torch.Tensor:
+        """The target's states at positions start - 1 .. len(ids) - 2: the inputs beside tokens
+        start .. len(ids) - 1. A row whose prompt is one token has none yet (zeros before it)."""
+        if row.features is None:
+            hidden = self.head.config.hidden_size
+            return torch.zeros(len(row.ids) - start, hidden, dtype=self.head.fuse.weight.dtype, device=self.device)
+        return row.features.get(start - 1, len(row.ids) - 1)
+
+    def _feed(self, cache: kv.BatchCache, slots: list[int], tokens: list[list[int]],
+              states: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        """Run the head on each row's tokens with the states before them, right-aligned; returns the
+        predicted state after each row's last token, [n, hidden], and advances the rows' lengths."""
+        fed = [len(t) for t in tokens]
+        width = max(fed)
+        hidden = states[0].shape[-1]
+        ids = torch.tensor([[t[0]] * (width - len(t)) + list(t) for t in tokens], device=self.device)  # [n, width]
+        features = torch.zeros(len(tokens), width, hidden, dtype=states[0].dtype, device=self.device)
+        for i, row_states in enumerate(states):
+            features[i, width - len(row_states) :] = row_states
+        positions, mask = cache.inputs(slots, fed, width)
+        predicted = self.head(ids, features, positions, mask, cache)  # [n, width, hidden]
+        for slot, n in zip(slots, fed, strict=True):
+            cache.set_length(slot, cache.lengths[slot] + n)
+        return predicted[:, -1]
