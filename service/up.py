@@ -149,7 +149,7 @@ class _Trainer:
     """The `adaptive-spec train` child: started, watched and restarted, stopped by its pid."""
 
     def __init__(self, settings: Settings, threads: int, log_path: Path) -> None:
-        self.command = [sys.executable, "-m", "adaptive_spec.cli", "train", "--target", settings.target,
+        self.command = [sys.executable, "-m", "service.cli", "train", "--target", settings.target,
                         "--draft", settings.draft, "--data-dir", str(settings.data_dir), "--dtype", settings.dtype,
                         "--device", settings.device, "--threads", str(threads)]  # fmt: skip
         self.env = {

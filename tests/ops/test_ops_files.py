@@ -18,14 +18,14 @@ import httpx
 import pytest
 import yaml
 
-from adaptive_spec.cli import build_parser
+from service.cli import build_parser
 from service.settings import _ENV_NAMES, Settings
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 K8S = OPS / "k8s" / "adaptive-spec.yaml"
 COMPOSE = OPS / "compose.yaml"
 ALERTS = OPS / "prometheus" / "alerts.yml"
-# What the server reads (Settings.from_env) plus what the trainer and the CLI read (cli.py epilog).
+# What the server reads (Settings.from_env) plus what the trainer and the CLI read (service/cli epilog).
 SETTINGS_ENV = {
     "REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
     for f in fields(Settings)

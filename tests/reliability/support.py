@@ -96,7 +96,7 @@ class ChildProcess:
 
 
 class ServeProcess(ChildProcess):
-    """`python -m adaptive_spec.cli serve` on a tiny model directory and a free loopback port."""
+    """`python -m service.cli serve` on a tiny model directory and a free loopback port."""
 
     def __init__(
         self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str], verbose: bool = False
@@ -107,7 +107,7 @@ class ServeProcess(ChildProcess):
         command = [
             sys.executable,
             "-m",
-            "adaptive_spec.cli",
+            "service.cli",
             *(["-v"] if verbose else []),
             "serve",
             "--target",
@@ -155,7 +155,7 @@ class ServeProcess(ChildProcess):
 
 
 class TrainProcess(ChildProcess):
-    """`python -m adaptive_spec.cli train` on a tiny model directory, early-exit:1, one thread."""
+    """`python -m service.cli train` on a tiny model directory, early-exit:1, one thread."""
 
     def __init__(
         self,
@@ -170,7 +170,7 @@ class TrainProcess(ChildProcess):
         command = [
             sys.executable,
             "-m",
-            "adaptive_spec.cli",
+            "service.cli",
             "train",
             "--target",
             str(model_dir),
@@ -231,7 +231,7 @@ def listening_address(port: int) -> str:
 
 
 class BackgroundLoad:
-    """`service.loadtest.run_load` in a thread until the `with` block ends; `.report` afterwards.
+    """`service.benchmarks.load.run_load` in a thread until the `with` block ends; `.report` afterwards.
 
     with BackgroundLoad(server.url, users=2) as load:
         ...  # break something
@@ -252,7 +252,7 @@ class BackgroundLoad:
         self._thread = threading.Thread(target=self._run, args=(url,), name="background-load")
 
     def _run(self, url: str) -> None:
-        from service.loadtest import run_load
+        from service.benchmarks.load import run_load
 
         self.report = asyncio.run(run_load(url, **self._kwargs))
 

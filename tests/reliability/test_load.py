@@ -29,7 +29,7 @@ def test_bench_load_command_reports_no_errors(serve_process, redis_url, tmp_path
         command = [
             sys.executable,
             "-m",
-            "adaptive_spec.cli",
+            "service.cli",
             "bench-load",
             "--url",
             server.url,

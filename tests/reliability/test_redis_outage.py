@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from adaptive_spec.contracts import CORRECTION_STREAM
-from service.loadtest import run_load
+from service.benchmarks.load import run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import MODEL, eventually, kill_redis

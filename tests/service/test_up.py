@@ -50,7 +50,7 @@ def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, t
     command = [
         sys.executable,
         "-m",
-        "adaptive_spec.cli",
+        "service.cli",
         "up",
         "--port",
         str(port),

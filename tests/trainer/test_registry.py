@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  
 from registry_support import write_adapter
 from tiny import llama, tiny_target
 
-from adaptive_spec import cli
 from adaptive_spec.adapters import WEIGHTS_FILE, sha256_file
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from service import cli
 from trainer.pending import PendingRegistrations
 from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
@@ -217,7 +217,7 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     command = [
         sys.executable,
         "-m",
-        "adaptive_spec.cli",
+        "service.cli",
         "train",
         "--target",
         str(target_dir),

@@ -36,6 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 import torch
 from tqdm import tqdm
 
@@ -45,6 +46,10 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
+from service.correction_log import CorrectionLogWriter
+from trainer.gate import Gate
+from trainer.online import OnlineSettings, OnlineTrainer
+from trainer.stream import CorrectionStream
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +89,6 @@ def run_drift(
     workdir: Path,
     progress: bool = True,
 ) -> dict:
-    import redis
-
-    from service.correction_log import CorrectionLogWriter
-    from trainer.gate import Gate
-    from trainer.online import OnlineSettings, OnlineTrainer
-    from trainer.stream import CorrectionStream
-
     started = time.monotonic()
     deadline = started + settings.budget_minutes * 60
     layers = _early_exit_layers(engine.draft_id)

@@ -27,6 +27,12 @@ import time
 from pathlib import Path
 
 import torch
+from peft import LoraConfig, get_peft_model
+
+from adaptive_spec.adapters import AdapterDir
+from adaptive_spec.contracts import WEIGHTS_FILE
+from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PAUSE_BAR_S = 0.050
@@ -34,12 +40,6 @@ PAUSE_BAR_S = 0.050
 
 def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     """A non-zero random LoRA for the engine's early-exit draft, saved with metadata and checksum."""
-    from peft import LoraConfig, get_peft_model
-
-    from adaptive_spec.adapters import AdapterDir
-    from adaptive_spec.drafters.early_exit import build_early_exit
-    from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
-
     spec = parse_draft_spec(engine.draft_id)
     if spec.kind != "early-exit":
         raise DraftSpecError(f"bench-swap builds adapters for early-exit:N drafts; got {engine.draft_id!r}")
@@ -69,8 +69,6 @@ def run_swap_bench(
     interval_s: float = 0.25,
     k: int | None = None,
 ) -> dict:
-    from adaptive_spec.contracts import WEIGHTS_FILE
-
     workdir = Path(tempfile.mkdtemp(prefix="bench-swap-"))
     paths = [write_random_adapter(engine, workdir / f"v{i}", rank, seed=i) for i in (1, 2)]
     size_mb = (paths[0] / WEIGHTS_FILE).stat().st_size / 1e6

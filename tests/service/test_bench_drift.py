@@ -12,7 +12,7 @@ from tiny import llama
 
 from adaptive_spec import Engine
 from adaptive_spec.prompts import PromptItem
-from trainer.bench_drift import DriftSettings, format_report, run_drift
+from service.benchmarks.drift import DriftSettings, format_report, run_drift
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

@@ -1,0 +1,173 @@
+"""The benchmarks that compose serving and training: `bench-drift` (online training on a domain),
+`bench-swap` (the pause of an adapter hot swap) and `bench-load` (users against a running server).
+The code is in service/benchmarks/.
+
+    adaptive-spec bench-drift --domain sql --budget-minutes 30 --json drift.json
+    adaptive-spec bench-swap --rank 16 --swaps 50
+    adaptive-spec bench-load --url http://127.0.0.1:8000 --users 8 --duration-s 30
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from service.cli.options import (
+    k_list,
+    load_engine,
+    model_options,
+    positive_int,
+    raise_input,
+    redis_url,
+    write_json,
+)
+
+
+def add_commands(commands) -> None:
+    drift = commands.add_parser(
+        "bench-drift",
+        help="acceptance and speed on a domain before and after online training on its traffic",
+        description="Measure acceptance and speed on held-out prompts of a domain, serve the domain's traffic "
+        "prompts with correction records going to Redis while the trainer learns a LoRA adapter for "
+        "the draft, then measure the same held-out prompts again. Starts a loopback redis-server "
+        "unless REDIS_URL is set.",
+    )
+    drift.add_argument(
+        "--domain",
+        default="json_extraction",
+        help="a shipped prompt set: json_extraction, sql, python, casual_chat (default: %(default)s)",
+    )
+    drift.add_argument("--prompts", type=Path, help="a JSONL prompt file instead of a shipped domain; split internally")
+    drift.add_argument(
+        "--budget-minutes", type=float, default=30.0, help="bound on the whole run (default: %(default)s)"
+    )
+    drift.add_argument(
+        "--eval-prompts",
+        type=positive_int,
+        default=24,
+        help="held-out prompts measured before and after (default: %(default)s)",
+    )
+    drift.add_argument(
+        "--train-tail-s",
+        type=float,
+        default=120.0,
+        help="seconds of training allowed after the traffic ends (default: %(default)s)",
+    )
+    drift.add_argument(
+        "--after-k",
+        type=k_list,
+        default=(),
+        metavar="K[,K...]",
+        help="also measure the held-out prompts after training at these fixed k, e.g. 1,3 "
+        "(the budget reserves time for them)",
+    )
+    drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    model_options(drift)
+    drift.set_defaults(func=cmd_bench_drift)
+
+    swap = commands.add_parser(
+        "bench-swap",
+        help="how long an adapter hot swap holds decoding, under steady traffic",
+        description="Swap between two random LoRA adapters of the draft --swaps times while client threads keep "
+        "generating, and print the max / p50 pause, the failed requests and whether every output "
+        "equalled the target alone. See service/benchmarks/swap.py.",
+    )
+    swap.add_argument("--swaps", type=positive_int, default=20, help="default: %(default)s")
+    swap.add_argument("--clients", type=positive_int, default=2, help="threads sending requests (default: %(default)s)")
+    swap.add_argument(
+        "--rank",
+        type=positive_int,
+        default=32,
+        help="LoRA rank; 32 on early-exit:4 of the default model is ~5 MB (default: %(default)s)",
+    )
+    swap.add_argument("--interval-s", type=float, default=0.25, help="between swaps (default: %(default)s)")
+    swap.add_argument("--num-prompts", type=positive_int, default=4, help="default: %(default)s")
+    swap.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    model_options(swap)
+    swap.set_defaults(func=cmd_bench_swap, max_new_tokens=32)
+
+    load = commands.add_parser(
+        "bench-load",
+        help="N concurrent users against a running server for a fixed time",
+        description="Closed-loop users send greedy completions to --url for --duration-s and the command prints "
+        "throughput, p50/p99 latency and the responses by status. Errors are any status but 200 and the "
+        "documented 429/503, plus connection failures. Exit 1 when there was one. See service/benchmarks/load.py.",
+    )
+    load.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    load.add_argument("--users", type=positive_int, default=4, help="concurrent users (default: %(default)s)")
+    load.add_argument("--duration-s", type=float, default=10.0, help="default: %(default)s")
+    load.add_argument("--max-tokens", type=positive_int, default=16, help="per request (default: %(default)s)")
+    load.add_argument("--prompt", default="Name three rivers.", help="a text prompt (default: %(default)r)")
+    load.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    load.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    load.set_defaults(func=cmd_bench_load)
+
+
+def cmd_bench_drift(args) -> int:
+    from adaptive_spec.models import data_dir
+    from adaptive_spec.prompts import load_prompts, shipped
+    from service.benchmarks.drift import DriftSettings, format_report, run_drift, temporary_workdir
+
+    if args.budget_minutes <= 0:
+        raise_input("--budget-minutes must be positive")
+    items = load_prompts(args.prompts or shipped(args.domain))
+    domain = args.prompts.stem if args.prompts else args.domain
+    settings = DriftSettings(
+        budget_minutes=args.budget_minutes,
+        eval_prompts=args.eval_prompts,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        train_tail_s=args.train_tail_s,
+        after_k=args.after_k,
+    )
+    engine = load_engine(args)
+    workdir = temporary_workdir(data_dir())
+    with redis_url(workdir) as url:
+        try:
+            figures = run_drift(engine, items, domain, settings, url, workdir)
+        finally:
+            print(f"adapters and logs kept in {workdir}", file=sys.stderr)
+    print(format_report(figures))
+    write_json(args.json, figures)
+    return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
+
+
+def cmd_bench_swap(args) -> int:
+    from adaptive_spec.prompts import load_prompts, shipped
+    from service.benchmarks.swap import format_report, run_swap_bench
+
+    prompts = [item.prompt for item in load_prompts(shipped("chat"))[: args.num_prompts]]
+    engine = load_engine(args)
+    figures = run_swap_bench(
+        engine,
+        prompts,
+        swaps=args.swaps,
+        clients=args.clients,
+        rank=args.rank,
+        max_new_tokens=args.max_new_tokens,
+        interval_s=args.interval_s,
+        k=args.k,
+    )
+    print(format_report(figures))
+    write_json(args.json, figures)
+    return 0 if figures["passes"] else 1
+
+
+def cmd_bench_load(args) -> int:
+    import asyncio
+
+    from service.benchmarks.load import run_load
+
+    report = asyncio.run(
+        run_load(
+            args.url,
+            users=args.users,
+            duration_s=args.duration_s,
+            model=args.model,
+            prompt=args.prompt,
+            max_tokens=args.max_tokens,
+        )
+    )
+    print(report.summary())
+    write_json(args.json, report.as_dict())
+    return 0 if report.errors == 0 else 1

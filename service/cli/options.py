@@ -1,0 +1,118 @@
+"""What the `adaptive-spec` commands share: argument types, the model flags, engine loading, JSON
+figures, and a loopback Redis for the commands that need one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from adaptive_spec.contracts import REDIS_URL_ENV
+from adaptive_spec.engine import DEFAULT_DRAFT
+from adaptive_spec.models import DEFAULT_MODEL
+
+DTYPES = ["auto", "fp32", "bf16", "fp16"]
+
+
+class CommandError(Exception):
+    """A command that cannot do what was asked (e.g. no redis-server to start): exit 2 with the message."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def k_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, got {text!r}") from None
+    if any(k < 1 for k in values):
+        raise argparse.ArgumentTypeError(f"each k must be >= 1, got {text!r}")
+    return values
+
+
+def model_options(parser: argparse.ArgumentParser) -> None:
+    """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift)."""
+    group = parser.add_argument_group("models")
+    group.add_argument(
+        "--target",
+        default=DEFAULT_MODEL,
+        help=f"target model: the built-in {DEFAULT_MODEL!r}, a Hugging Face id or local directory, "
+        f"or a .gguf file (default: %(default)s)",
+    )
+    group.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help="draft: early-exit:N (the target's first N layers), ngram (prompt lookup), or a "
+        "model with the target's vocabulary (default: %(default)s)",
+    )
+    group.add_argument(
+        "--k",
+        type=non_negative_int,
+        default=None,
+        help="tokens drafted per step; omit it for dynamic k, which adapts to measured acceptance "
+        "and cost and falls back to plain decoding when drafting does not pay",
+    )
+    group.add_argument("--max-new-tokens", type=positive_int, default=64, help="default: %(default)s")
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)",
+    )
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+
+
+def load_engine(args):
+    from adaptive_spec.engine import Engine
+
+    print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
+    return Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+
+
+def write_json(path: Path | None, figures: dict) -> None:
+    if path:
+        path.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"figures written to {path}", file=sys.stderr)
+
+
+def raise_input(message: str):
+    from adaptive_spec.engine import InputError
+
+    raise InputError(message)
+
+
+class redis_url:
+    """REDIS_URL when set; else a loopback redis-server started here and stopped on exit."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.server = workdir, None
+
+    def __enter__(self) -> str:
+        if os.environ.get(REDIS_URL_ENV):
+            return os.environ[REDIS_URL_ENV]
+        from service.local_redis import RedisStartError, started_server
+
+        try:
+            self.server = started_server(self.workdir)
+        except RedisStartError as exc:
+            raise CommandError(str(exc)) from None
+        print(f"started redis-server on {self.server.url} (pid {self.server.process.pid})", file=sys.stderr)
+        return self.server.url
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,59 @@
+"""The command line loads what each command needs and nothing more: `generate` and `bench` run on the
+core library alone, with no Redis, FastAPI or MLflow module imported (DESIGN.md "Packages").
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/service/test_cli.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE_MODULES = ("redis", "fastapi", "uvicorn", "starlette", "mlflow", "prometheus_client")
+
+
+def run_command(argv: list[str], tmp_path: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    """`adaptive-spec ARGV` in a fresh interpreter; returns its exit code and which of SERVICE_MODULES it loaded."""
+    script = (
+        "import json, sys\n"
+        "from service.cli import main\n"
+        f"code = main({argv!r})\n"
+        f"loaded = sorted(m for m in {SERVICE_MODULES!r} if m in sys.modules)\n"
+        "print(json.dumps({'code': code, 'loaded': loaded}), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ADAPTIVE_SPEC_DATA_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stderr.strip().splitlines()[-1]), result
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "--raw", "Name a river."],
+        ["generate", "--json", "--prompts", "{prompts}"],
+        ["bench", "--prompts", "{prompts}", "--num-prompts", "1"],
+    ],
+    ids=["generate", "generate-json", "bench"],
+)
+def test_generate_and_bench_import_no_redis_fastapi_or_mlflow(tiny_model_dir, tmp_path, command):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three rivers."}]}) + "\n")
+    argv = [part.format(prompts=prompts) for part in command]
+    argv += ["--target", str(tiny_model_dir), "--draft", "early-exit:1", "--max-new-tokens", "4"]
+    outcome, result = run_command(argv, tmp_path)
+    assert outcome == {"code": 0, "loaded": []}, result.stderr[-3000:]
+
+
+def test_a_command_that_needs_redis_does_load_it(tmp_path):
+    """The same check sees service code when a command uses it: `adapters list` on an empty sqlite store."""
+    outcome, result = run_command(["adapters", "list", "--data-dir", str(tmp_path)], tmp_path)
+    assert outcome["code"] == 0 and "mlflow" in outcome["loaded"], result.stderr[-3000:]
