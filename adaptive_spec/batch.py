@@ -35,6 +35,7 @@ import torch
 
 from adaptive_spec import kv
 from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
+from adaptive_spec.adapter_slots import AdapterSlot
 from adaptive_spec.drafters import Proposal, no_proposal
 from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
 from adaptive_spec.sampling import logits_to_probs
@@ -55,6 +56,12 @@ class Row:
     out: list[int] = field(default_factory=list)
     finish: str | None = None
     features: Features | None = None  # the target's hidden state at each context position, for a head draft
+    adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
+
+    @property
+    def key(self) -> tuple[str | None, str | None]:
+        """What the row's acceptance is kept by (dynamic_k.py): its domain and adapter version."""
+        return self.request.domain, None if self.adapter is None else self.adapter.version
 
     @property
     def params(self):
@@ -134,15 +141,18 @@ class Batch:
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         engine = self.engine
+        adapter = engine.adapters.for_domain(request.domain) if engine.drafter is not None else None
         row = Row(
             request,
             len(self.rows),
-            engine.policy.engine_alpha,
+            0.0,
             list(request.prompt_ids),
-            RequestStats(adapter_version=engine.adapter_version),
+            RequestStats(adapter_version=None if adapter is None else adapter.version),
             Trace(engine.record_topk),
             time.perf_counter(),
+            adapter=adapter,
         )
+        row.alpha = engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
         started = engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
         self.target_cache.add_row()
         if self.draft_cache is not None:
@@ -168,13 +178,18 @@ class Batch:
             self.rows[slot] = last
             last.slot = slot
 
-    def draft_changed(self) -> None:
-        """The draft's weights changed (an adapter swap): its cached keys and values are stale,
-        and every row's acceptance estimate starts again from the engine's."""
-        if self.draft_cache is not None:
-            self.draft_cache.clear()
+    def adapters_changed(self) -> None:
+        """The engine's adapters changed (a swap, a rollback, an eviction): each row drafts with what
+        its domain now maps to. A row whose adapter changed forgets its draft cache (its keys and
+        values came from other weights) and starts its acceptance estimate again."""
         for row in self.rows:
-            row.alpha = self.engine.policy.engine_alpha
+            adapter = self.engine.adapters.for_domain(row.request.domain)
+            if adapter is row.adapter:
+                continue
+            row.adapter = adapter
+            if self.draft_cache is not None:
+                self.draft_cache.set_length(row.slot, 0)
+            row.alpha = self.engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
 
     # ---------------------------------------------------------------- the step
 
@@ -297,7 +312,7 @@ class Batch:
         row.stats.add(
             StepStats(drafted, verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s)
         )
-        row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted)
+        row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted, row.key)
         if row.finish is None:
             return Chunk(emitted)
         return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))
@@ -305,7 +320,7 @@ class Batch:
     def _output(self, row: Row) -> GenerationOutput:
         row.trace.truncate(len(row.out))
         row.stats.wall_s = time.perf_counter() - row.started
-        row.stats.adapter_version = self.engine.adapter_version  # the version at the end, if a swap came mid-request
+        row.stats.adapter_version = None if row.adapter is None else row.adapter.version  # at the end, if it changed
         topk_ids, topk_logprobs = row.trace.stacked(len(row.out))
         text = cut_at_stop(self.engine.decode(row.out), row.request.stop)
         return GenerationOutput(

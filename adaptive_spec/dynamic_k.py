@@ -32,8 +32,13 @@ of a target forward over as many rows (4.6 ms for one row, 7.1 ms for four):
   steps the batch drafts one token per row to keep measuring alpha, so a draft that gets better
   is noticed.
 
-Acceptance belongs to the text: each row starts from the engine-wide estimate and then follows
-its own; the costs belong to the hardware and the model pair and persist across requests.
+Acceptance belongs to the text and to the adapter: the policy keeps an estimate per key, a
+(domain, adapter version) pair, so a chatty domain whose drafts do not pay does not drag down a
+code domain whose drafts do. Each row starts from its key's estimate (or, for a key not seen
+yet, from what the trainer's gate measured for the adapter, else the engine-wide estimate) and
+then follows its own. A batch whose rows all come from a domain that does not pay decodes
+plainly, and is probed now and then. The costs belong to the hardware and the model pair and
+persist across requests.
 """
 
 from __future__ import annotations
@@ -94,8 +99,16 @@ class DynamicK:
 
     target: StepCosts = field(default_factory=StepCosts)  # by tokens fed
     draft: StepCosts = field(default_factory=StepCosts)  # one draft forward, by rows fed
-    engine_alpha: float = 0.5  # across requests; where every new row starts
+    engine_alpha: float = 0.5  # across requests and keys; where a row of an unseen key starts
+    alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> acceptance estimate
     _plain_steps: int = 0
+
+    def alpha_for(self, key, prior: float | None = None) -> float:
+        """Where a new row of this key starts: the key's estimate, else `prior` (the adapter's
+        gated acceptance), else the engine-wide estimate."""
+        if key in self.alphas:
+            return self.alphas[key]
+        return self.engine_alpha if prior is None else float(prior)
 
     def target_s(self, tokens: int) -> float:
         measured = self.target.estimate(tokens)
@@ -146,8 +159,8 @@ class DynamicK:
         if draft_forwards and not catch_up:
             self.draft.observe(draft_rows, draft_s / draft_forwards)
 
-    def observe_row(self, alpha: float, k: int, num_accepted: int) -> float:
-        """A row drafted k and num_accepted were kept: its new acceptance estimate.
+    def observe_row(self, alpha: float, k: int, num_accepted: int, key=None) -> float:
+        """A row of `key` drafted k and num_accepted were kept: its new acceptance estimate.
 
         The step is evidence on num_accepted successes and, if one was rejected, a failure.
         Weighted so that a draft which got better is noticed within a few probes: from alpha
@@ -157,12 +170,16 @@ class DynamicK:
             return alpha
         trials = num_accepted + (num_accepted < k)
         observed = num_accepted / trials
-        self.engine_alpha = _ema(self.engine_alpha, observed, min(1.0, 0.25 * trials) * self.decay)
+        weight = min(1.0, 0.25 * trials) * self.decay
+        self.engine_alpha = _ema(self.engine_alpha, observed, weight)
+        self.alphas[key] = _ema(self.alphas.get(key, alpha), observed, weight)
         return _ema(alpha, observed, min(0.5, 0.3 * trials))
 
     def new_draft(self, expected_alpha: float | None) -> None:
-        """The draft changed (an adapter swap): re-measure its cost, and start from what the
-        trainer measured on held-out traffic for it (its greedy match), when known."""
+        """The general draft changed (an adapter swap): re-measure its cost, and start rows of keys
+        not seen yet from what the trainer measured on held-out traffic for it (its greedy
+        match), when known. A new adapter version is a new key (`alpha_for` takes its gated
+        figure as the prior), so what was learnt of other keys stays."""
         self.draft = StepCosts(decay=self.decay)
         if expected_alpha is not None:
             self.engine_alpha = float(expected_alpha)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from adaptive_spec import attention, cpu_linear
+from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
@@ -65,6 +66,7 @@ class Engine:
         draft_id: str | None = None,
         record_topk: int = 0,
         eos_token_id: int | list[int] | None = None,
+        max_adapters: int = 8,
     ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
@@ -81,8 +83,7 @@ class Engine:
         self.target_id = target_id
         self.draft_id = draft_id or (draft if isinstance(draft, str) else getattr(self.drafter, "name", "model"))
         self.record_topk = record_topk
-        self.adapter_version: str | None = None  # None = the base draft
-        self._base_layers = None  # the draft's layers as built, kept to merge adapters onto
+        self.adapters = AdapterSlots(max_adapters)  # the general adapter and one per domain (adapter_slots.py)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
@@ -126,9 +127,12 @@ class Engine:
         k: int | None = None,
         stop: str | list[str] | None = None,
         speculative: bool = True,
+        **options,
     ) -> GenerationOutput:
         """Generate for one prompt: token ids, a string, or chat messages. See `stream` for the rest."""
-        for chunk in self.stream(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative):
+        for chunk in self.stream(
+            prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative, **options
+        ):
             if chunk.output is not None:
                 return chunk.output
         raise AssertionError("decoding ended without an output")  # unreachable: the last chunk has one
@@ -144,14 +148,17 @@ class Engine:
         k: int | None = None,
         stop: str | list[str] | None = None,
         speculative: bool = True,
+        **options,
     ) -> Iterator[Chunk]:
         """Yield the tokens of each decoding step as it finishes; the last chunk holds the output.
 
         Input is checked here, before the first chunk is asked for: a bad request raises
         `InputError` from this call. The request decodes in a batch of its own; several streams
-        may run at once from different threads, one step at a time each.
+        may run at once from different threads, one step at a time each. Keyword-only options:
+        `domain` (the request drafts with that domain's adapter when the engine holds one).
         """
-        return self._stream(self.request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative))
+        request = self.request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative, **options)
+        return self._stream(request)
 
     def _stream(self, request: Request) -> Iterator[Chunk]:
         batch = self.new_batch(1)
@@ -218,47 +225,53 @@ class Engine:
 
     # ---------------------------------------------------------------- adapters
 
-    def load_adapter(self, path, version: str | None = None) -> float:
-        """Serve a LoRA adapter on the draft from now on; returns how long decoding was held (s).
+    @property
+    def adapter_version(self) -> str | None:
+        """The general adapter's version; None = the base draft."""
+        return None if self.adapters.general is None else self.adapters.general.version
+
+    def load_adapter(self, path, version: str | None = None, domain: str | None = None) -> float:
+        """Serve an adapter on the draft from now on, for one domain's requests or (domain None)
+        for every request whose domain has none; returns how long decoding was held (s).
 
         The adapter is checked and merged into a new slot while requests keep decoding; only the
         swap itself waits for the current step to end. A bad adapter raises `AdapterError` and
-        the served one stays. See `adapters.py`.
+        the served one stays. See `adapters.py` and `adapter_slots.py`.
         """
         from adaptive_spec import adapters
 
         drafter = self._adaptable_drafter()
         config, tensors, metadata = adapters.read_adapter(path)
-        pairs = adapters.lora_pairs(config, tensors)
-        adapters.check(drafter.model, pairs)
-        vocab = adapters.read_vocab(path, self.vocab_size)
-        slot = adapters.merge_into_slot(self._base_layers, pairs)
+        weights = drafter.build_weights(config, tensors)
+        vocab = drafter.new_vocab()
+        vocab.restrict(adapters.read_vocab(path, self.vocab_size))
         gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
-        return self._swap_layers(slot, version or str(metadata.get("version", Path(path).name)), vocab, gated)
+        version = version or str(metadata.get("version", Path(path).name))
+        nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
+        return self._swap(domain, AdapterSlot(version, domain, weights, vocab, gated, nbytes))
 
-    def unload_adapter(self) -> float:
-        """Serve the base draft again, over the full vocabulary."""
+    def unload_adapter(self, domain: str | None = None) -> float:
+        """Stop serving the adapter of `domain` (None: the general one, so the base draft)."""
         self._adaptable_drafter()
-        return self._swap_layers(self._base_layers, None, None, None)
+        return self._swap(domain, None)
 
-    def _adaptable_drafter(self) -> ModelDrafter:
-        if not isinstance(self.drafter, ModelDrafter):
+    def _adaptable_drafter(self):
+        if not hasattr(self.drafter, "build_weights"):
             from adaptive_spec.adapters import AdapterError
 
-            raise AdapterError("adapters need a model draft (early-exit:N or a separate model)")
-        if self._base_layers is None:
-            self._base_layers = self.drafter.model.model.layers
+            raise AdapterError("adapters need a model draft (early-exit:N, head or a separate model)")
         return self.drafter
 
-    def _swap_layers(self, layers, version: str | None, vocab: list[int] | None, expected_alpha: float | None) -> float:
+    def _swap(self, domain: str | None, slot: AdapterSlot | None) -> float:
         with self.step_lock:
             held = time.perf_counter()
-            self.drafter.swap_layers(layers)
-            self.drafter.restrict_vocab(vocab)
-            self.policy.new_draft(expected_alpha)
+            if slot is None:
+                self.adapters.remove(domain)
+            else:
+                self.adapters.put(slot)
+            self.policy.new_draft(slot.gated_alpha if slot is not None and domain is None else None)
             for batch in list(self._batches):
-                batch.draft_changed()
-            self.adapter_version = version
+                batch.adapters_changed()
             return time.perf_counter() - held
 
     # ---------------------------------------------------------------- what a batch asks of the engine
@@ -296,8 +309,12 @@ class Engine:
         k: int | None = None,
         stop: str | list[str] | None = None,
         speculative: bool = True,
+        *,
+        domain: str | None = None,
     ) -> Request:
         """A checked request, ready to join a batch; raises `InputError` for bad input."""
+        if domain is not None and (not isinstance(domain, str) or not domain):
+            raise InputError(f"domain must be a non-empty string or None, got {domain!r}")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if k is not None and (not isinstance(k, int) or k < 0):
@@ -321,7 +338,7 @@ class Engine:
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the
             # same draft and adapter version); the distribution is the target's either way.
             k = SEEDED_K
-        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator)
+        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator, domain)
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         tokenizer = self._need_tokenizer("chat messages")

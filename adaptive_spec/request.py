@@ -30,6 +30,7 @@ class Request:
     stop: tuple[str, ...]
     speculative: bool
     generator: torch.Generator | None  # None for greedy requests
+    domain: str | None = None  # drafts with this domain's adapter when the engine holds one
 
 
 @dataclass

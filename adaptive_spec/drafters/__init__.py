@@ -8,7 +8,10 @@ A drafter has two verbs (cf. transformers `candidate_generator.py`, vLLM `v1/spe
 - `propose(cache, rows, ks)` returns up to `ks[i]` tokens after `rows[i].ids` for each row.
 
 Each row brings its context (`ids`, whose last token is the pending one), its slot in the
-caches (`slot`), its sampling parameters (`params`) and its random generator (`generator`).
+caches (`slot`), its sampling parameters (`params`), its random generator (`generator`) and the
+adapter it drafts with (`adapter`, an `AdapterSlot`, or None for the base draft). Rows with
+different adapters share the batch: a drafter runs one forward per adapter present
+(`by_adapter`).
 
 Draft specs, as `Engine.from_pretrained(draft=...)` takes them, are parsed in `spec.py`:
 
@@ -45,6 +48,16 @@ class DraftRow(Protocol):
     ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
     params: SamplingParams
     generator: torch.Generator | None
+    adapter: object  # the AdapterSlot the row drafts with; None = the base draft
+
+
+def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[object, list[int]]]:
+    """`indices` grouped by their row's adapter, in order of first appearance: [(adapter, [i, ...])]."""
+    groups: dict[int, tuple[object, list[int]]] = {}
+    for i in indices:
+        adapter = rows[i].adapter
+        groups.setdefault(id(adapter), (adapter, []))[1].append(i)
+    return list(groups.values())
 
 
 class Drafter(Protocol):

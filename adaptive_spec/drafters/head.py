@@ -27,17 +27,19 @@ halves); a trained head version (trainer/) replaces both. The target never chang
 from __future__ import annotations
 
 import copy
+import re
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from adaptive_spec import kv
-from adaptive_spec.drafters import DraftRow, Proposal
+from adaptive_spec.drafters import DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
+_FUSE_KEY = re.compile(r"^(?:base_model\.model\.)?fuse(?:\.modules_to_save\.[^.]+)?\.weight$")
 
 
 class DraftHead(nn.Module):
@@ -74,13 +76,36 @@ class DraftHead(nn.Module):
         return self.layer(fused, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=past_key_values, position_embeddings=rotary)  # fmt: skip
 
+    def with_weights(self, fuse: torch.Tensor | None, lora_pairs: dict) -> DraftHead:
+        """A new head sharing the target's modules, with this one's weights plus a LoRA merged into
+        its layer and, when given, a new fuse weight [hidden, 2 * hidden]."""
+        head = DraftHead.__new__(DraftHead)
+        nn.Module.__init__(head)
+        head.config, head.shared = self.config, self.shared
+        head.fuse = copy.deepcopy(self.fuse)
+        head.layer = copy.deepcopy(self.layer)
+        modules = dict(head.layer.named_modules())
+        with torch.no_grad():
+            if fuse is not None:
+                head.fuse.weight.copy_(fuse.to(head.fuse.weight))
+            for name, (lora_a, lora_b, scaling) in lora_pairs.items():
+                linear = modules[name.removeprefix("layer.")]
+                linear.weight += ((lora_b.float() @ lora_a.float()) * scaling).to(linear.weight)
+        return head.eval().requires_grad_(False)
+
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., hidden] predicted states -> [..., vocab], through the target's final norm and head."""
         return self.shared.lm_head(self.shared.norm(states))
 
 
 class HeadDrafter:
-    """Drafts with a `DraftHead`, every row of a batch in one forward per draft token."""
+    """Drafts with a `DraftHead`: one forward per draft token for all the rows that draft with the
+    same head version (the base head, or a trained version held in an adapter slot).
+
+    A head version is a PEFT adapter directory on `DraftHead`: LoRA on its layer's linears
+    (`layer.self_attn.q_proj`, ...) and the fuse saved whole (`modules_to_save=["fuse"]`), with
+    the same metadata, checksum and draft vocabulary as an early-exit adapter.
+    """
 
     wants_target_hidden = True  # the batch keeps each row's target states (`Row.features`)
 
@@ -88,14 +113,38 @@ class HeadDrafter:
         self.head = DraftHead(target).eval().requires_grad_(False)
         self.name = name
         self.device = next(self.head.parameters()).device
-        self.vocab = DraftVocab(self.head.shared.lm_head)
+        self.vocab = self.new_vocab()
 
     def new_cache(self) -> kv.BatchCache:
         return kv.BatchCache(1, self.device)
 
+    def new_vocab(self) -> DraftVocab:
+        return DraftVocab(self.head.shared.lm_head)
+
     def restrict_vocab(self, token_ids) -> None:
-        """Propose only these tokens (None: any); see `DraftVocab.restrict`."""
+        """The base head proposes only these tokens (None: any); see `DraftVocab.restrict`."""
         self.vocab.restrict(token_ids)
+
+    def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> DraftHead:
+        """A head version, ready to decode with. Raises AdapterError if it does not fit this head."""
+        from adaptive_spec import adapters
+
+        fuse = {key: t for key, t in tensors.items() if _FUSE_KEY.match(key)}
+        pairs = adapters.lora_pairs(config, {key: t for key, t in tensors.items() if key not in fuse})
+        modules = dict(self.head.named_modules())
+        for name, (lora_a, lora_b, _) in pairs.items():
+            module = modules.get(name)
+            if not name.startswith("layer.") or not isinstance(module, nn.Linear):
+                raise adapters.AdapterError(f"{name}: a head version may only adapt the head's layer (layer.*)")
+            if lora_a.shape[1] != module.in_features or lora_b.shape[0] != module.out_features:
+                raise adapters.AdapterError(f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
+                                            f"{module.out_features}x{module.in_features}")  # fmt: skip
+        weight = next(iter(fuse.values()), None)
+        if weight is not None and tuple(weight.shape) != tuple(self.head.fuse.weight.shape):
+            raise adapters.AdapterError(
+                f"fuse: {tuple(weight.shape)} does not fit {tuple(self.head.fuse.weight.shape)}"
+            )
+        return self.head.with_weights(weight, pairs)
 
     def keep_after_commit(self, before: int, after: int) -> int:
         """Cache positions still valid once a row's context grew from `before` to `after` tokens:
@@ -107,27 +156,30 @@ class HeadDrafter:
     def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds, fed = {}, {}
-        for i in drafting:
-            row, start = rows[i], cache.lengths[rows[i].slot]
-            tokens = row.ids[start:]
-            states = self._target_states(row, start)  # [len(tokens), hidden]
-            fed[i] = len(tokens)
-            if len(tokens) > CATCH_UP_ALONE:  # the prompt, the first time: alone, not padding the others
-                self._feed(cache, [row.slot], [tokens[:-1]], [states[:-1]])
-                tokens, states = tokens[-1:], states[-1:]
-            feeds[i] = (tokens, states)
         drafted: dict[int, list[int]] = {i: [] for i in drafting}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in drafting}
-        while live := [i for i in drafting if len(drafted[i]) < ks[i]]:
-            predicted = self._feed(cache, [rows[i].slot for i in live], [feeds[i][0] for i in live],
-                                   [feeds[i][1] for i in live])  # [n, hidden]  # fmt: skip
-            logits = self.vocab.logits(self.head.shared.norm(predicted))  # [n, n_vocab]
-            for j, i in enumerate(live):
-                token, row_probs = self.vocab.choose(logits[j], rows[i])
-                drafted[i].append(token)
-                if row_probs is not None:
-                    probs[i].append(row_probs)
-                feeds[i] = ([token], predicted[j : j + 1])
+        for adapter, group in by_adapter(rows, drafting):
+            head = self.head if adapter is None else adapter.weights
+            vocab = self.vocab if adapter is None else adapter.vocab
+            for i in group:
+                row, start = rows[i], cache.lengths[rows[i].slot]
+                tokens = row.ids[start:]
+                states = self._target_states(row, start)  # [len(tokens), hidden]
+                fed[i] = len(tokens)
+                if len(tokens) > CATCH_UP_ALONE:  # the prompt, the first time: alone, not padding the others
+                    self._feed(head, cache, [row.slot], [tokens[:-1]], [states[:-1]])
+                    tokens, states = tokens[-1:], states[-1:]
+                feeds[i] = (tokens, states)
+            while live := [i for i in group if len(drafted[i]) < ks[i]]:
+                slots = [rows[i].slot for i in live]
+                predicted = self._feed(head, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live])
+                logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
+                for j, i in enumerate(live):
+                    token, row_probs = vocab.choose(logits[j], rows[i])
+                    drafted[i].append(token)
+                    if row_probs is not None:
+                        probs[i].append(row_probs)
+                    feeds[i] = ([token], predicted[j : j + 1])
         return [
             Proposal(
                 torch.tensor(drafted.get(i, []), dtype=torch.long, device=self.device),
@@ -146,8 +198,14 @@ class HeadDrafter:
             return torch.zeros(len(row.ids) - start, hidden, dtype=self.head.fuse.weight.dtype, device=self.device)
         return row.features.get(start - 1, len(row.ids) - 1)
 
-    def _feed(self, cache: kv.BatchCache, slots: list[int], tokens: list[list[int]],
-              states: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    def _feed(
+        self,
+        head: DraftHead,
+        cache: kv.BatchCache,
+        slots: list[int],
+        tokens: list[list[int]],
+        states: list[torch.Tensor],
+    ) -> torch.Tensor:
         """Run the head on each row's tokens with the states before them, right-aligned; returns the
         predicted state after each row's last token, [n, hidden], and advances the rows' lengths."""
         fed = [len(t) for t in tokens]
@@ -158,7 +216,7 @@ class HeadDrafter:
         for i, row_states in enumerate(states):
             features[i, width - len(row_states) :] = row_states
         positions, mask = cache.inputs(slots, fed, width)
-        predicted = self.head(ids, features, positions, mask, cache)  # [n, width, hidden]
+        predicted = head(ids, features, positions, mask, cache)  # [n, width, hidden]
         for slot, n in zip(slots, fed, strict=True):
             cache.set_length(slot, cache.lengths[slot] + n)
         return predicted[:, -1]

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from adaptive_spec import kv
-from adaptive_spec.drafters import DraftRow, Proposal
+from adaptive_spec.drafters import DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unseen context than this catches up in a forward of its own
 
 
 class ModelDrafter:
-    """Drafts k tokens per row autoregressively, all rows in one forward per draft step.
+    """Drafts k tokens per row autoregressively: one forward per draft step for all the rows that
+    draft with the same adapter (the base layers, or an adapter's merged copy of them).
 
     Each row's draft cache trails its context: a `propose` first feeds every context token the
     cache has not seen (after a rollback, or after steps where the engine drafted nothing), then
@@ -28,41 +31,64 @@ class ModelDrafter:
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
-        self.vocab = DraftVocab(model.get_output_embeddings())
+        self.base_layers = model.model.layers if hasattr(model, "model") else None  # what adapters merge onto
+        self.vocab = self.new_vocab()  # the base draft's view of the LM head
 
     def new_cache(self) -> kv.BatchCache:
         return kv.BatchCache.for_model(self.model)
 
+    def new_vocab(self) -> DraftVocab:
+        return DraftVocab(self.model.get_output_embeddings())
+
     def restrict_vocab(self, token_ids) -> None:
-        """Propose only these tokens (None: any); see `DraftVocab.restrict`."""
+        """The base draft proposes only these tokens (None: any); see `DraftVocab.restrict`."""
         self.vocab.restrict(token_ids)
 
-    def swap_layers(self, layers) -> torch.nn.ModuleList:
-        """Decode with these decoder layers from now on (an adapter's slot); returns the old ones.
-        The caller clears every draft cache: its keys and values came from the old layers."""
-        old = self.model.model.layers
-        self.model.model.layers = layers
-        return old
+    def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> torch.nn.ModuleList:
+        """An adapter's weights, ready to decode with: a copy of the base layers with its LoRA
+        merged in (`adapters.merge_into_slot`). Raises AdapterError if it does not fit."""
+        from adaptive_spec import adapters
+
+        if self.base_layers is None:
+            raise adapters.AdapterError("this draft model has no decoder layers at model.layers to adapt")
+        pairs = adapters.lora_pairs(config, tensors)
+        adapters.check(self.model, pairs)
+        return adapters.merge_into_slot(self.base_layers, pairs)
+
+    @contextmanager
+    def using(self, adapter):
+        """Decode with an adapter's layers for the block (the base layers for None); yields the
+        adapter's view of the LM head. `self.model` holds the base layers outside such a block."""
+        if adapter is None:
+            yield self.vocab
+            return
+        self.model.model.layers = adapter.weights
+        try:
+            yield adapter.vocab
+        finally:
+            self.model.model.layers = self.base_layers
 
     @torch.inference_mode()
     def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds = {i: rows[i].ids[cache.lengths[rows[i].slot] :] for i in drafting}
         fed = {i: len(feeds[i]) for i in drafting}
-        for i in drafting:
-            if len(feeds[i]) > CATCH_UP_ALONE:
-                kv.feed(self.model, cache, [rows[i].slot], [feeds[i][:-1]], decoder_only=True)
-                feeds[i] = feeds[i][-1:]
         tokens: dict[int, list[int]] = {i: [] for i in drafting}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in drafting}
-        while live := [i for i in drafting if len(tokens[i]) < ks[i]]:
-            logits = self._next_logits(cache, [rows[i].slot for i in live], [feeds[i] for i in live])  # [n, n_vocab]
-            for j, i in enumerate(live):
-                token, row_probs = self.vocab.choose(logits[j], rows[i])
-                tokens[i].append(token)
-                if row_probs is not None:
-                    probs[i].append(row_probs)
-                feeds[i] = [token]
+        for adapter, group in by_adapter(rows, drafting):
+            with self.using(adapter) as vocab:
+                for i in group:
+                    if len(feeds[i]) > CATCH_UP_ALONE:
+                        kv.feed(self.model, cache, [rows[i].slot], [feeds[i][:-1]], decoder_only=True)
+                        feeds[i] = feeds[i][-1:]
+                while live := [i for i in group if len(tokens[i]) < ks[i]]:
+                    logits = self._next_logits(vocab, cache, [rows[i].slot for i in live], [feeds[i] for i in live])
+                    for j, i in enumerate(live):  # logits: [n, n_vocab]
+                        token, row_probs = vocab.choose(logits[j], rows[i])
+                        tokens[i].append(token)
+                        if row_probs is not None:
+                            probs[i].append(row_probs)
+                        feeds[i] = [token]
         return [
             Proposal(
                 torch.tensor(tokens.get(i, []), dtype=torch.long, device=self.device),
@@ -73,8 +99,8 @@ class ModelDrafter:
             for i in range(len(rows))
         ]
 
-    def _next_logits(self, cache: kv.BatchCache, slots: list[int], feeds: list[list[int]]) -> torch.Tensor:
-        """Logits after each row's feed: [n, vocab], or [n, n_vocab] over the restricted vocabulary."""
-        if not self.vocab.restricted:
+    def _next_logits(self, vocab: DraftVocab, cache: kv.BatchCache, slots: list[int], feeds: list[list[int]]):
+        """Logits after each row's feed: [n, vocab], or [n, n_vocab] over a restricted vocabulary."""
+        if not vocab.restricted:
             return kv.feed(self.model, cache, slots, feeds)
-        return self.vocab.logits(kv.feed(self.model, cache, slots, feeds, decoder_only=True))  # [n, n_vocab]
+        return vocab.logits(kv.feed(self.model, cache, slots, feeds, decoder_only=True))

@@ -38,21 +38,27 @@ def draft_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
+def served_logits(engine: Engine, ids):
+    """The logits of the draft the engine serves to requests without a domain (its general adapter)."""
+    with engine.drafter.using(engine.adapters.general):
+        return draft_logits(engine.drafter.model, ids)
+
+
 def test_merged_adapter_equals_peft_runtime_and_leaves_target_alone(tmp_path):
     target = tiny_target(0)
     before = {k: v.clone() for k, v in target.state_dict().items()}
     peft_model = make_adapter(target, 2, tmp_path / "v1", seed=1)
     engine = Engine(target, "early-exit:2")
-    base = draft_logits(engine.drafter.model, PROMPT)
+    base = served_logits(engine, PROMPT)
     pause = engine.load_adapter(tmp_path / "v1", "1")
     assert engine.adapter_version == "1" and pause < 0.05
-    served = draft_logits(engine.drafter.model, PROMPT)
+    served = served_logits(engine, PROMPT)
     assert torch.allclose(served, draft_logits(peft_model, PROMPT), atol=1e-5)
     assert not torch.allclose(served, base, atol=1e-3), "the adapter must change the draft"
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
     engine.unload_adapter()
     assert engine.adapter_version is None
-    assert torch.equal(draft_logits(engine.drafter.model, PROMPT), base)
+    assert torch.equal(served_logits(engine, PROMPT), base)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -87,7 +93,7 @@ def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
     make_adapter(target, 2, tmp_path / "good", seed=4)
     engine = Engine(target, "early-exit:2")
     engine.load_adapter(tmp_path / "good", "7")
-    served = draft_logits(engine.drafter.model, PROMPT)
+    served = served_logits(engine, PROMPT)
 
     corrupt = tmp_path / "corrupt"
     make_adapter(target, 2, corrupt, seed=5)
@@ -119,7 +125,7 @@ def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
         with pytest.raises(AdapterError, match=phrase):
             engine.load_adapter(path)
         assert engine.adapter_version == "7"
-        assert torch.equal(draft_logits(engine.drafter.model, PROMPT), served)
+        assert torch.equal(served_logits(engine, PROMPT), served)
 
 
 def test_adapters_need_a_model_draft():
