@@ -64,14 +64,14 @@ def run_bench(
     for ids in tqdm(prompts, desc=desc, unit="prompt", disable=not progress, file=sys.stderr):
         ttft["target"].append(_first_token_s(engine, ids, max_new_tokens, speculative=False, **sampling))
         ttft["spec"].append(_first_token_s(engine, ids, max_new_tokens, k=k, **sampling))
-        base = _timed(lambda: engine.generate(ids, max_new_tokens, speculative=False, **sampling))
-        ours = _timed(lambda: engine.generate(ids, max_new_tokens, k=k, **sampling))
+        base = _timed(engine.generate, ids, max_new_tokens, speculative=False, **sampling)
+        ours = _timed(engine.generate, ids, max_new_tokens, k=k, **sampling)
         runs = [base, ours]
         if hf:
-            runs.append(hf_run := _timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, True)))
-            runs.append(_timed(lambda: _hf_generate(engine, ids, max_new_tokens, k, temperature, False)))
+            runs.append(hf_run := _timed(_hf_generate, engine, ids, max_new_tokens, k, temperature, True))
+            runs.append(_timed(_hf_generate, engine, ids, max_new_tokens, k, temperature, False))
             hf_identical += hf_run[0] == base[0].token_ids
-        for path, (result, elapsed) in zip(paths, runs):
+        for path, (result, elapsed) in zip(paths, runs, strict=True):
             tokens[path] += len(result if isinstance(result, list) else result.token_ids)
             seconds[path] += elapsed
         out = ours[0]
@@ -149,9 +149,10 @@ def _first_token_s(engine: Engine, ids: list[int], max_new_tokens: int, **kwargs
         stream.close()
 
 
-def _timed(fn):
+def _timed(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), seconds it took)."""
     started = time.perf_counter()
-    result = fn()
+    result = fn(*args, **kwargs)
     return result, time.perf_counter() - started
 
 

@@ -77,7 +77,9 @@ class RedisServer:
                 except redis.ConnectionError:
                     if time.monotonic() > deadline:
                         self.stop()
-                        raise RedisStartError(f"redis-server on port {self.port} did not answer PING in {timeout} s")
+                        raise RedisStartError(
+                            f"redis-server on port {self.port} did not answer PING in {timeout} s"
+                        ) from None  # refused connections are how a starting server looks
                     time.sleep(0.02)
         finally:
             client.close()

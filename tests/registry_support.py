@@ -101,14 +101,15 @@ class MlflowServer:
             str(self.workdir / "server-artifacts"),
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.log = open(self.workdir / f"mlflow-server-{self.port}.log", "ab")
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env, start_new_session=True
-        )  # its uvicorn child joins the group we stop
+        self.log_path = self.workdir / f"mlflow-server-{self.port}.log"
+        with open(self.log_path, "ab") as log:  # the server keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+            )  # its uvicorn child joins the group we stop
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.process.returncode}; see {self.log.name}")
+                raise RuntimeError(f"mlflow server exited with {self.process.returncode}; see {self.log_path}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
                     if response.status == 200:
@@ -131,4 +132,3 @@ class MlflowServer:
         except ProcessLookupError:
             pass
         self.process = None
-        self.log.close()

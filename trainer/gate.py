@@ -88,7 +88,7 @@ def adapters_disabled(model) -> Iterator[None]:
     try:
         yield
     finally:
-        for layer, disabled in zip(layers, were_disabled):
+        for layer, disabled in zip(layers, were_disabled, strict=True):
             layer.enable_adapters(not disabled)
         for parameter, flag in requires_grad:  # PEFT's enable_adapters(True) marks adapters trainable
             parameter.requires_grad_(flag)

@@ -21,6 +21,7 @@ they are counted in `trimmed`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -84,7 +85,9 @@ class CorrectionStream:
         while True:
             page = _stream_entries(
                 self._with_group(
-                    lambda: self.redis.xreadgroup(self.group, self.consumer, {self.stream: after}, count=count)
+                    functools.partial(
+                        self.redis.xreadgroup, self.group, self.consumer, {self.stream: after}, count=count
+                    )
                 )
             )
             ids = [entry_id for entry_id, _ in page if entry_id is not None]

@@ -100,7 +100,7 @@ def test_unknown_version_and_flags(make_record):
 def test_every_truncation_is_a_value_error(make_record):
     data = make_record(1, n_out=5, m=4).encode()
     for length in range(len(data)):
-        with pytest.raises(ValueError, match="truncated|magic"):
+        with pytest.raises(ValueError, match=r"truncated|magic"):
             CorrectionRecord.decode(data[:length])
     with pytest.raises(ValueError, match="trailing"):
         CorrectionRecord.decode(data + b"\0")
@@ -115,7 +115,7 @@ def test_corrupt_bytes_fail_the_checksum(make_record):
             CorrectionRecord.decode(bytes(corrupt))
     corrupt = bytearray(data)
     corrupt[26] ^= 0x10  # n_out: the arrays no longer fit the bytes
-    with pytest.raises(ValueError, match="truncated|trailing"):
+    with pytest.raises(ValueError, match=r"truncated|trailing"):
         CorrectionRecord.decode(bytes(corrupt))
 
 

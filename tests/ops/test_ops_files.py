@@ -131,7 +131,7 @@ def test_ports_and_addresses_agree():
     secrets = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Secret"}
     for ref in secret_refs:
         assert ref["key"] in secrets[ref["name"]]["stringData"]
-    for _, command, env in adaptive_spec_containers():
+    for _, _, env in adaptive_spec_containers():
         redis_url, mlflow_url = urlsplit(env["REDIS_URL"]), urlsplit(env["MLFLOW_TRACKING_URI"])
         assert redis_url.hostname == "redis" and mlflow_url.hostname == "mlflow"
         assert redis_url.port in {p["port"] for p in services["redis"]["spec"]["ports"]}

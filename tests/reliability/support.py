@@ -52,15 +52,15 @@ class ChildProcess:
         self.process: subprocess.Popen | None = None
 
     def launch(self) -> None:
-        self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            self.command,
-            cwd=self.workdir,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log_path, "ab") as log:  # the process keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_until(self, ready, timeout: float, what: str) -> None:
         """Poll `ready()` until true; fail with the log's tail if the process exits or time runs out."""
@@ -89,7 +89,6 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
-        self._log.close()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

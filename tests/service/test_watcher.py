@@ -128,7 +128,7 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(
             for i, name in enumerate(("good1", "good2", "good3"), start=1):
                 promoted = time.monotonic()
                 registry.register(adapters[name], by="trainer:test")
-                wait_for(lambda: len(watcher.swaps) == i, 5, f"the swap to version {i} (event, not poll)")
+                wait_for(lambda i=i: len(watcher.swaps) == i, 5, f"the swap to version {i} (event, not poll)")
                 assert engine.adapter_version == str(i)
                 assert time.monotonic() - promoted < 5
                 time.sleep(0.3)
@@ -192,7 +192,11 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
         for name, reason in expected.items():
             before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
             registry.promote(versions[name], by="test")
-            wait_for(lambda: server.service.watcher.refused.get(versions[name]) == reason, 10, f"{name} refused")
+            wait_for(
+                lambda name=name, reason=reason: server.service.watcher.refused.get(versions[name]) == reason,
+                10,
+                f"{name} refused",
+            )
             time.sleep(0.5)  # a few more polls: counted once, not once per poll
             assert metric(server, "adaptive_spec:adapter_refusals_total", reason=reason) == before + 1
             assert engine.adapter_version == "1", f"{name}: the served adapter must stay"

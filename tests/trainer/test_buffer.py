@@ -112,7 +112,7 @@ def test_holdout_keeps_the_most_recent_and_ignores_duplicates(make_record):
     assert split.revision == revision and split.duplicates == 2
     assert [r.request_id for r in split.records] == [r.request_id for r in held[-3:]]
 
-    train = [r for r, is_held in zip(records, routed) if not is_held]
+    train = [r for r, is_held in zip(records, routed, strict=True) if not is_held]
     assert train and all(split.add(r) is False for r in train)  # training records pass through untouched
     buffer = ReplayBuffer(max_tokens=10_000)
     assert [buffer.add(examples_from_record(r)) for r in train + train[:2]] == [True] * len(train) + [False, False]

@@ -218,7 +218,7 @@ def test_step_loss_is_the_weighted_mean_and_micro_batches_change_nothing(run):
 
     assert one.train_step(examples) == pytest.approx(expected, rel=1e-5)
     assert split.train_step(examples) == pytest.approx(expected, rel=1e-5)
-    for (name, a), (_, b) in zip(one.model.named_parameters(), split.model.named_parameters()):
+    for (name, a), (_, b) in zip(one.model.named_parameters(), split.model.named_parameters(), strict=True):
         if a.requires_grad:
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
@@ -232,7 +232,10 @@ def test_zero_weight_steps_nothing(run):
     trainer = DraftTrainer(build_early_exit(run.target, 1), LoraSettings(accepted_weight=0.0))
     before = [p.clone() for p in trainer.model.parameters() if p.requires_grad]
     assert trainer.train_step(accepted_only) == 0.0 and trainer.steps == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, (p for p in trainer.model.parameters() if p.requires_grad)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(before, (p for p in trainer.model.parameters() if p.requires_grad), strict=True)
+    )
     with pytest.raises(ValueError, match="at least one example"):
         trainer.train_step([])
 
@@ -330,7 +333,7 @@ def test_transformers_load_adapter_serves_it_on_a_plain_draft_and_leaves_the_tar
     rates = {}
     for name, engine in (("adapted", adapted), ("base", base)):
         outputs = [engine.generate(prompt, max_new_tokens=NEW_TOKENS) for prompt in prompts]
-        for prompt, out in zip(prompts, outputs):
+        for prompt, out in zip(prompts, outputs, strict=True):
             assert out.token_ids == engine.generate(prompt, max_new_tokens=NEW_TOKENS, speculative=False).token_ids
         rates[name] = sum(o.stats.accepted for o in outputs) / sum(o.stats.drafted for o in outputs)
     print(f"\nengine acceptance rate on 8 held-out prompts: base {rates['base']:.3f}, adapted {rates['adapted']:.3f}")

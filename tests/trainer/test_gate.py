@@ -71,7 +71,7 @@ def reference_agreement(draft, records) -> GateFigures:
             logits = draft(torch.tensor([each.prompt_ids + each.output_ids[:-1]])).logits[0]  # [seq, vocab]
         for j in range(len(each.output_ids)):
             draft_probs = torch.softmax(logits[n_prompt - 1 + j], dim=-1)  # [vocab]
-            for token, logprob in zip(each.target_topk_ids[j], each.target_topk_logprobs[j]):
+            for token, logprob in zip(each.target_topk_ids[j], each.target_topk_logprobs[j], strict=True):
                 expected += min(float(draft_probs[token]), math.exp(float(logprob)))
             matched += int(logits[n_prompt - 1 + j].argmax()) == int(each.target_topk_ids[j][0])
             positions += 1

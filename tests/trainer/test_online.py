@@ -420,6 +420,6 @@ def test_a_promoted_version_serves_in_the_engine_with_its_draft_vocabulary(learn
     engine.load_adapter(path)
     assert engine.adapter_version == str(learned.promoted[-1].version)
     served = [engine.generate(p, NEW_TOKENS, k=1) for p in prompts]
-    assert all(s.token_ids == b.token_ids for s, b in zip(served, base))
+    assert all(s.token_ids == b.token_ids for s, b in zip(served, base, strict=True))
     assert all(set(t for t in s.proposed if t >= 0) <= set(vocab) for s in served)
     assert sum(s.stats.accepted for s in served) > sum(b.stats.accepted for b in base)

@@ -236,8 +236,8 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
         "--checkpoint-every-s",
         "2",
     ]
-    log_file = open(tmp_path / "train.log", "wb")
-    process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    with open(tmp_path / "train.log", "wb") as log_file:  # the trainer keeps its own copy of the descriptor
+        process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
         with pytest.raises(RegistryUnavailable):
             queued.champion()
@@ -295,7 +295,6 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
         code = process.wait(60)
-        log_file.close()
     assert code == 0, (tmp_path / "train.log").read_text()[-3000:]
     assert (data_dir / "trainer" / "LATEST").is_file()
     assert json.loads((data_dir / "registry-pending.json").read_text()) == []

@@ -216,7 +216,7 @@ def test_trainer_adopts_a_rollback_and_its_next_candidate_must_beat_the_rolled_b
 def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_restart(setup, caplog):
     registry, trainer = setup.registry, setup.trainer()
     train(trainer, until_promoted=2)
-    v1_dir, v1 = registered(registry, "1", setup.root)
+    _, v1 = registered(registry, "1", setup.root)
     mlflow = MlflowClient(registry.tracking_uri)
     mlflow.set_registered_model_alias(registry.model_name, "champion", "1")  # the MLflow UI does this
     with caplog.at_level(logging.INFO, logger="trainer.online"):
