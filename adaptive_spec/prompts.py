@@ -33,10 +33,6 @@ def shipped(name: str) -> Path:
     return path
 
 
-def shipped_domains() -> list[str]:
-    return sorted(p.stem for p in shipped("chat").parent.glob("*.jsonl") if p.stem != "chat")
-
-
 def load_prompts(path: str | Path) -> list[PromptItem]:
     """Read a prompt file, with an error naming the line for anything malformed."""
     path = Path(path)

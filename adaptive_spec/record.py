@@ -103,14 +103,6 @@ class CorrectionRecord:
         self.target_topk_logprobs = _matrix(self.target_topk_logprobs, np.float16)
 
     @property
-    def num_drafted(self) -> int:
-        return sum(p >= 0 for p in self.proposed)
-
-    @property
-    def num_accepted(self) -> int:
-        return sum(self.accepted)
-
-    @property
     def encoded_size(self) -> int:
         """len(self.encode()), computed without encoding."""
         id_bytes = 4 if self._wide_ids() else 2
@@ -161,7 +153,9 @@ class CorrectionRecord:
         _check_ids("output_ids", np.asarray(self.output_ids, dtype=np.int64), low=0)
         _check_ids("proposed", np.asarray(self.proposed, dtype=np.int64), low=-1)
         _check_ids("target_topk_ids", self.target_topk_ids, low=0)
-        for i, (was_accepted, draft_token, token) in enumerate(zip(self.accepted, self.proposed, self.output_ids)):
+        for i, (was_accepted, draft_token, token) in enumerate(
+            zip(self.accepted, self.proposed, self.output_ids, strict=True)
+        ):
             if was_accepted and draft_token != token:
                 raise ValueError(
                     f"accepted[{i}] is True but proposed[{i}] = {draft_token} != output_ids[{i}] = {token}"

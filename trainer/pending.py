@@ -127,7 +127,7 @@ class PendingRegistrations:
 
     def _abandoned(self, entry: dict) -> str | None:
         """Why the entry must not move champion (an operator moved it off its parent), or None."""
-        if "parent_sha256" not in entry:  # queued by an older trainer, or by hand: promote as before
+        if "parent_sha256" not in entry:  # queued by hand, or by an on_promote that names no parent: nothing to check
             return None
         served = self.registry.served()
         parent, own = entry["parent_sha256"], entry.get("sha256")

@@ -66,8 +66,8 @@ def test_two_replicas_add_up_in_every_bucket_size(redis_client, redis_url):
 
 
 def test_the_bucket_under_way_is_read(redis_client, redis_url):
-    """A range ending half a second into a bucket includes that bucket (int(end) once dropped it, so a
-    reader in the first second of a 10 s bucket lost the requests just recorded there)."""
+    """A range ending half a second into a bucket includes that bucket: cut at int(end), a reader in the
+    first second of a 10 s bucket would lose the requests just recorded there."""
     stats = recorder(redis_url)
     stats.record(request_stats([(2, 1)], "3"), domain="sql", greedy=True, ended_at=T0 + 10.2)
     assert stats.flush()
