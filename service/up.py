@@ -34,6 +34,7 @@ from pathlib import Path
 
 from adaptive_spec.contracts import (
     DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
     MLFLOW_TRACKING_URI_ENV,
     REDIS_URL_ENV,
     redact_url,
@@ -53,7 +54,7 @@ RESTART_PAUSE_S = 10.0
 class UpSettings:
     host: str | None = None  # None: ADAPTIVE_SPEC_HOST, else 127.0.0.1
     port: int | None = None  # None: ADAPTIVE_SPEC_PORT, else 8000
-    data_dir: Path = Path(".adaptive-spec")
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
     target: str | None = None  # None: ADAPTIVE_SPEC_TARGET, else the built-in default
     draft: str | None = None
     k: int | None = None
