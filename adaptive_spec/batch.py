@@ -36,6 +36,7 @@ import torch
 from adaptive_spec import kv
 from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.adapter_slots import AdapterSlot
+from adaptive_spec.constraints import Constraints
 from adaptive_spec.drafters import Proposal, no_proposal
 from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
 from adaptive_spec.sampling import logits_to_probs
@@ -57,6 +58,7 @@ class Row:
     finish: str | None = None
     features: Features | None = None  # the target's hidden state at each context position, for a head draft
     adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
+    constraints: Constraints | None = None  # penalties, logit bias, grammar: applied to target and draft logits
 
     @property
     def key(self) -> tuple[str | None, str | None]:
@@ -138,6 +140,33 @@ class Batch:
 
     def add(self, request: Request) -> Row:
         """Prefill a request's prompt into a new row; it decodes from the next step on."""
+        row = self._new_row(request)
+        if len(row.ids) > 1:
+            started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
+            out = kv.feed(self.engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
+            if self.wants_hidden:
+                row.features = Features(out[1][0])  # positions 0 .. len - 2
+            row.stats.prefill_s = self.engine.clock() - started
+        return row
+
+    def add_group(self, requests: list[Request]) -> list[Row]:
+        """Rows for requests that share one prompt (OpenAI's `n`): the first is prefilled, the others
+        copy its cache, so the prompt is computed once."""
+        if len(self.rows) + len(requests) > self.max_rows:
+            raise RuntimeError(f"the batch has room for {self.max_rows - len(self.rows)} rows, not {len(requests)}")
+        first = self.add(requests[0])
+        rows = [first]
+        for request in requests[1:]:
+            if request.prompt_ids != first.request.prompt_ids:
+                raise ValueError("a group of rows shares one prompt")
+            row = self._new_row(request)
+            self.target_cache.copy_row(first.slot, row.slot)
+            if first.features is not None:
+                row.features = Features(first.features.get(0, first.features.length))
+            rows.append(row)
+        return rows
+
+    def _new_row(self, request: Request) -> Row:
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         engine = self.engine
@@ -148,21 +177,20 @@ class Batch:
             0.0,
             list(request.prompt_ids),
             RequestStats(adapter_version=None if adapter is None else adapter.version),
-            Trace(engine.record_topk),
+            Trace(engine.record_topk, request.logprobs),
             time.perf_counter(),
             adapter=adapter,
         )
         row.alpha = engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
-        started = engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
+        if request.penalties.active or request.grammar is not None:
+            matcher = None if request.grammar is None else request.grammar.new_matcher()
+            row.constraints = Constraints(
+                request.penalties, matcher, request.prompt_ids, engine.vocab_size, engine.device
+            )
         self.target_cache.add_row()
         if self.draft_cache is not None:
             self.draft_cache.add_row()  # the draft catches up lazily, on the row's first proposal
         self.rows.append(row)
-        if len(row.ids) > 1:
-            out = kv.feed(engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
-            if self.wants_hidden:
-                row.features = Features(out[1][0])  # positions 0 .. len - 2
-        row.stats.prefill_s = engine.clock() - started
         return row
 
     def remove(self, row: Row) -> None:
@@ -254,6 +282,8 @@ class Batch:
     def _accept(self, proposals: list[Proposal], target_logits: list[torch.Tensor]) -> list[Verdict]:
         verdicts = []
         for row, proposal, logits in zip(self.rows, proposals, target_logits, strict=True):
+            if row.constraints is not None:  # the trace keeps the raw logits: what the target wanted
+                logits = row.constraints.target(logits, proposal.tokens.tolist())
             if row.params.greedy:
                 verdicts.append(greedy_accept(proposal.tokens, logits))
             else:
@@ -269,6 +299,8 @@ class Batch:
             tokens = [*proposal.tokens[: verdict.num_accepted].tolist(), verdict.next_token]
             before = len(row.ids)
             row.ids += tokens
+            if row.constraints is not None:
+                row.constraints.commit(tokens)
             self.target_cache.set_length(row.slot, len(row.ids) - 1)
             if self._verified_hidden is not None:  # the pending token's and the accepted drafts' states
                 states = self._verified_hidden[i][: verdict.num_accepted + 1]
@@ -303,7 +335,7 @@ class Batch:
         verify_s: float,
     ) -> Chunk:
         """Record the step for one row, check whether it is done, and say what it adds."""
-        row.trace.record(proposal, verdict, target_logits)
+        row.trace.record(proposal, verdict, target_logits, emitted)
         row.out += emitted
         row.finish, keep = self.engine.finish(row.request, row.out, len(row.ids))
         cut = len(row.out) - keep
@@ -323,6 +355,8 @@ class Batch:
         row.stats.adapter_version = None if row.adapter is None else row.adapter.version  # at the end, if it changed
         topk_ids, topk_logprobs = row.trace.stacked(len(row.out))
         text = cut_at_stop(self.engine.decode(row.out), row.request.stop)
+        logprobs = row.trace.token_logprobs if row.request.logprobs is not None else None
+        top_logprobs = row.trace.top_logprobs if row.request.logprobs else None
         return GenerationOutput(
             row.out,
             text,
@@ -333,4 +367,6 @@ class Batch:
             row.trace.accepted,
             topk_ids,
             topk_logprobs,
+            logprobs,
+            top_logprobs,
         )

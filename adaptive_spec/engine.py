@@ -16,6 +16,7 @@ decoding by the target alone: the baseline every speed figure divides by.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
@@ -28,6 +29,7 @@ import torch
 from adaptive_spec import attention, cpu_linear
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
+from adaptive_spec.constraints import Penalties
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.head import HeadDrafter
@@ -35,6 +37,7 @@ from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
+from adaptive_spec.grammar import GrammarError, Grammars
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
@@ -44,6 +47,8 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
+MAX_N = 8  # the most choices one request may ask for
 
 
 class Engine:
@@ -86,6 +91,7 @@ class Engine:
         self.adapters = AdapterSlots(max_adapters)  # the general adapter and one per domain (adapter_slots.py)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
+        self._grammars: Grammars | None = None  # built on the first structured request (grammar.py)
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
         self._batches: weakref.WeakSet[Batch] = weakref.WeakSet()  # open batches, told when the draft changes
 
@@ -311,10 +317,31 @@ class Engine:
         speculative: bool = True,
         *,
         domain: str | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        logit_bias: dict[int, float] | None = None,
+        response_format: dict | None = None,
+        logprobs: int | None = None,
     ) -> Request:
-        """A checked request, ready to join a batch; raises `InputError` for bad input."""
+        """A checked request, ready to join a batch; raises `InputError` for bad input.
+
+        Keyword-only: `domain` (draft with that domain's adapter), the penalties and `logit_bias`
+        (constraints.py, OpenAI's formulas; `repetition_penalty` as in transformers), a
+        `response_format` (OpenAI's `json_object` or `json_schema`, enforced by a grammar:
+        grammar.py), and `logprobs` (None: none; n in 0..20: each output token's log-probability
+        and the n most likely alternatives, the target's own)."""
         if domain is not None and (not isinstance(domain, str) or not domain):
             raise InputError(f"domain must be a non-empty string or None, got {domain!r}")
+        if logprobs is not None and (not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS):
+            raise InputError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {logprobs!r}")
+        penalties = Penalties(float(frequency_penalty), float(presence_penalty), float(repetition_penalty),
+                              tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items())))  # fmt: skip
+        try:
+            penalties.validate(self.vocab_size)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        grammar = self._grammar(response_format)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if k is not None and (not isinstance(k, int) or k < 0):
@@ -338,7 +365,38 @@ class Engine:
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the
             # same draft and adapter version); the distribution is the target's either way.
             k = SEEDED_K
-        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator, domain)
+        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator, domain,
+                       penalties, grammar, logprobs)  # fmt: skip
+
+    def requests(self, prompt, n: int, *args, **kwargs) -> list[Request]:
+        """`n` requests for one prompt (OpenAI's `n`): the same options, each with its own random
+        generator. With a seed s, choice i draws from seed s + i, so choice 0 is the single
+        request with that seed and the n choices repeat."""
+        if not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise InputError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        first = self.request(prompt, *args, **kwargs)
+        copies = [first]
+        for i in range(1, n):
+            generator = None
+            if first.generator is not None:
+                generator = torch.Generator(device=self.device)
+                seed = first.params.seed
+                generator.manual_seed(seed + i if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            copies.append(dataclasses.replace(first, generator=generator))
+        return copies
+
+    def _grammar(self, response_format):
+        """The compiled grammar of a response_format (None for free text); InputError if it cannot be."""
+        if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
+            return None
+        if self.tokenizer is None:
+            raise InputError("response_format needs a tokenizer; this engine has none")
+        try:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)
+            return self._grammars.compile(response_format)
+        except GrammarError as exc:
+            raise InputError(str(exc)) from None
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         tokenizer = self._need_tokenizer("chat messages")

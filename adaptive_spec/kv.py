@@ -68,13 +68,19 @@ class BatchCache:
         """Drop `row`; the last row moves into its place (the caller moves its own records alike)."""
         last = len(self.lengths) - 1
         if row != last:
-            n = self.lengths[last]
-            for buffers in (self.keys, self.values):
-                for layer in buffers:
-                    if layer is not None and n:
-                        layer[row, :, :n] = layer[last, :, :n]
-            self.lengths[row] = n
+            self.copy_row(last, row)
         self.lengths.pop()
+
+    @torch.inference_mode()
+    def copy_row(self, source: int, target: int) -> None:
+        """Row `target` now holds a copy of row `source`'s positions (rows sharing a prompt)."""
+        n = self.lengths[source]
+        self._reserve(len(self.lengths), max(n, 1))
+        for buffers in (self.keys, self.values):
+            for layer in buffers:
+                if layer is not None and n:
+                    layer[target, :, :n] = layer[source, :, :n]
+        self.lengths[target] = n
 
     def set_length(self, row: int, length: int) -> None:
         """Row `row` now holds `length` valid positions (at most what was written)."""

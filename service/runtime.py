@@ -99,17 +99,18 @@ class Service:
         if self.stats is not None:
             self.stats.mark(kind, version, by, adapter_dir=adapter_dir)
 
-    def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None) -> Job:
-        """A job for the worker; its id names the response and the correction record."""
+    def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None, n: int = 1) -> Job:
+        """A job for the worker; its id names the response and the correction records (one per choice)."""
         return Job(
             prompt_ids,
-            params,
+            {**params, "domain": domain},
             deadline=time.monotonic() + self.settings.request_timeout_s,
             meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record, "domain": domain},
+            n=n,
         )
 
-    def request_ended(self, job: Job, output: GenerationOutput | None) -> None:
-        """On the worker thread, after the handler has its last chunk: count it, log its record."""
+    def request_ended(self, job: Job, output: GenerationOutput | None, index: int = 0) -> None:
+        """On the worker thread, after the handler has a choice's last chunk: count it, log its record."""
         if output is None:
             self.metrics.requests_cancelled.labels(job.cancel_reason or "unknown").inc()
             return
@@ -138,7 +139,7 @@ class Service:
             return
         self.writer.log(  # never blocks on Redis
             output,
-            request_id=job.meta["request_id"],
+            request_id=job.meta["request_id"] if index == 0 else f"{job.meta['request_id']}-{index}",
             domain=domain,
             target_id=self.engine.target_id,
             draft_id=self.engine.draft_id,

@@ -57,12 +57,14 @@ class Ended(Exception):
 @dataclass(eq=False)
 class Job:
     prompt_ids: list[int]
-    params: dict[str, Any]  # keyword arguments of Engine.stream
+    params: dict[str, Any]  # keyword arguments of Engine.request
     deadline: float  # time.monotonic() after which the job is stopped
     meta: dict[str, Any] = field(default_factory=dict)  # whatever on_end needs: request id, domain, ...
+    n: int = 1  # choices: rows that share the prompt's prefill; each chunk says its choice (Chunk.index)
     arrived: float = field(default_factory=time.monotonic)
     cancel_reason: str | None = None
-    finished: bool = False  # the final chunk was posted
+    finished: bool = False  # the final chunk of every choice was posted
+    choices_done: int = 0
 
     def __post_init__(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -122,10 +124,11 @@ class EngineWorker:
         engine,
         queue_size: int,
         max_batch: int = 8,
-        on_end: Callable[[Job, GenerationOutput | None], None] | None = None,
+        on_end: Callable[[Job, GenerationOutput | None, int], None] | None = None,
         on_step: Callable[[int, int], None] | None = None,
     ) -> None:
-        """`on_end(job, output)` runs on this thread after each job: output None means it was cancelled.
+        """`on_end(job, output, index)` runs on this thread after each choice of a job (output None,
+        index 0: the job was cancelled).
         `on_step(rows, k)` runs after each decoding step with the batch size and the k drafted."""
         self.engine = engine
         self.max_batch = max_batch
@@ -133,7 +136,8 @@ class EngineWorker:
         self.on_step = on_step
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closing = False
-        self._active: dict[Row, Job] = {}  # the jobs decoding now, by their row in the batch
+        self._active: dict[Row, tuple[Job, int]] = {}  # the jobs decoding now and the choice, by row
+        self._waiting: Job | None = None  # taken from the queue, waiting for room for its n rows
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
 
     def start(self) -> None:
@@ -153,7 +157,8 @@ class EngineWorker:
 
     @property
     def running(self) -> int:
-        return len(self._active)
+        """Requests decoding now (a request with n choices counts once)."""
+        return len({id(job) for job, _ in self._active.values()})
 
     @property
     def closing(self) -> bool:
@@ -172,7 +177,7 @@ class EngineWorker:
                 break
             job.cancel("shutdown")
             job.post(Ended("shutdown"))
-        for job in list(self._active.values()):
+        for job, _ in list(self._active.values()):
             job.cancel("shutdown")
         self._queue.put(_STOP)
         self._thread.join(timeout=10.0)
@@ -187,25 +192,37 @@ class EngineWorker:
             if len(batch):
                 self._step(batch)
             self._drop_stopped(batch)
-        for row, job in list(self._active.items()):  # stopping: whatever still runs was cancelled
-            self._leave(batch, row, job, Ended(job.cancel_reason or "shutdown"))
+        for job in self._jobs():  # stopping: whatever still runs was cancelled
+            job.cancel(job.cancel_reason or "shutdown")
+            self._leave(batch, job, Ended(job.cancel_reason))
 
     def _admit(self, batch) -> bool:
         """Move queued jobs into the batch while it has room; wait for one when nothing runs.
         Returns False once the worker is told to stop."""
-        while not batch.full:
-            try:
-                job = self._queue.get() if not len(batch) else self._queue.get_nowait()
-            except queue.Empty:
-                return True
+        while True:
+            job = self._waiting
+            self._waiting = None
+            if job is None:
+                try:
+                    job = self._queue.get() if not len(batch) else self._queue.get_nowait()
+                except queue.Empty:
+                    return True
             if job is _STOP:
                 return False
             if job._should_stop():
                 job.post(Ended(job.cancel_reason))
                 self._end(job, None)
                 continue
+            if job.n > batch.max_rows:
+                job.post(
+                    InputError(f"n={job.n} choices need {job.n} rows; this server decodes {batch.max_rows} at once")
+                )
+                continue
+            if len(batch) + job.n > batch.max_rows:
+                self._waiting = job  # first in line once rows free up
+                return True
             try:
-                row = batch.add(self.engine.request(job.prompt_ids, **job.params))
+                rows = batch.add_group(self.engine.requests(job.prompt_ids, job.n, **job.params))
             except InputError as exc:
                 job.post(exc)
                 continue
@@ -213,46 +230,52 @@ class EngineWorker:
                 log.exception("engine worker: prefill failed")
                 job.post(exc)
                 continue
-            self._active[row] = job
-        return True
+            for index, row in enumerate(rows):
+                self._active[row] = (job, index)
 
     def _step(self, batch) -> None:
         try:
             results = batch.step()
         except Exception as exc:  # a failed step fails every row in it; the worker goes on
             log.exception("engine worker: decoding step failed")
-            for row, job in list(self._active.items()):
-                self._leave(batch, row, job, exc, cancelled=False)
+            for job in self._jobs():
+                self._leave(batch, job, exc, cancelled=False)
             return
         if self.on_step is not None:
             self.on_step(*batch.last_step)
         for row, chunk in results:
-            job = self._active[row]
+            job, chunk.index = self._active[row]
             if chunk.output is None:
                 job.post(chunk)
                 continue
-            job.finished = True
-            job.post(chunk)
             del self._active[row]  # the batch took the finished row out itself
-            self._end(job, chunk.output)
+            job.choices_done += 1
+            job.finished = job.choices_done == job.n
+            job.post(chunk)
+            self._end(job, chunk.output, chunk.index)
 
     def _drop_stopped(self, batch) -> None:
-        """Rows whose job was cancelled or passed its deadline leave before the next step."""
-        for row, job in list(self._active.items()):
+        """The rows of a job that was cancelled or passed its deadline leave before the next step."""
+        for job in self._jobs():
             if job._should_stop():
-                self._leave(batch, row, job, Ended(job.cancel_reason))
+                self._leave(batch, job, Ended(job.cancel_reason))
 
-    def _leave(self, batch, row: Row, job: Job, error: BaseException, cancelled: bool = True) -> None:
-        batch.remove(row)
-        del self._active[row]
+    def _jobs(self) -> list[Job]:
+        return list({id(job): job for job, _ in self._active.values()}.values())
+
+    def _leave(self, batch, job: Job, error: BaseException, cancelled: bool = True) -> None:
+        """Take every row of `job` out of the batch and tell its handler why."""
+        for row in [row for row, (owner, _) in self._active.items() if owner is job]:
+            batch.remove(row)
+            del self._active[row]
         job.post(error)
         if cancelled:
             self._end(job, None)
 
-    def _end(self, job: Job, output: GenerationOutput | None) -> None:
+    def _end(self, job: Job, output: GenerationOutput | None, index: int = 0) -> None:
         if self.on_end is None or (output is None and not job.cancelled):
             return
         try:
-            self.on_end(job, output)
+            self.on_end(job, output, index)
         except Exception:
             log.exception("engine worker: after-request hook failed")

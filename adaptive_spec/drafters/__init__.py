@@ -49,6 +49,7 @@ class DraftRow(Protocol):
     params: SamplingParams
     generator: torch.Generator | None
     adapter: object  # the AdapterSlot the row drafts with; None = the base draft
+    constraints: object  # adaptive_spec.constraints.Constraints (penalties, grammar), or None
 
 
 def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[object, list[int]]]:

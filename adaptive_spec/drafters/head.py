@@ -154,6 +154,7 @@ class HeadDrafter:
 
     @torch.inference_mode()
     def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+        ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds, fed = {}, {}
         drafted: dict[int, list[int]] = {i: [] for i in drafting}
@@ -175,7 +176,10 @@ class HeadDrafter:
                 predicted = self._feed(head, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live])
                 logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
                 for j, i in enumerate(live):
-                    token, row_probs = vocab.choose(logits[j], rows[i])
+                    token, row_probs = vocab.choose(logits[j], rows[i], drafted[i])
+                    if token is None:  # its constraints allow none of the draft's tokens
+                        ks[i] = len(drafted[i])
+                        continue
                     drafted[i].append(token)
                     if row_probs is not None:
                         probs[i].append(row_probs)

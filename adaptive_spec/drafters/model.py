@@ -70,6 +70,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+        ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds = {i: rows[i].ids[cache.lengths[rows[i].slot] :] for i in drafting}
         fed = {i: len(feeds[i]) for i in drafting}
@@ -84,7 +85,10 @@ class ModelDrafter:
                 while live := [i for i in group if len(tokens[i]) < ks[i]]:
                     logits = self._next_logits(vocab, cache, [rows[i].slot for i in live], [feeds[i] for i in live])
                     for j, i in enumerate(live):  # logits: [n, n_vocab]
-                        token, row_probs = vocab.choose(logits[j], rows[i])
+                        token, row_probs = vocab.choose(logits[j], rows[i], tokens[i])
+                        if token is None:  # its constraints allow none of the draft's tokens
+                            ks[i] = len(tokens[i])
+                            continue
                         tokens[i].append(token)
                         if row_probs is not None:
                             probs[i].append(row_probs)

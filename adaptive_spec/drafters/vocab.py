@@ -56,9 +56,15 @@ class DraftVocab:
             return self.lm_head(states)
         return self._product(states, self._rows)
 
-    def choose(self, logits: torch.Tensor, row: DraftRow) -> tuple[int, torch.Tensor | None]:
-        """The token a row drafts from its logits [n_vocab], and the full-vocabulary distribution it
-        was drawn from (None for greedy rows, whose proposals are deterministic)."""
+    def choose(self, logits: torch.Tensor, row: DraftRow, drafted: list[int]) -> tuple[int | None, torch.Tensor | None]:
+        """The token a row drafts from its logits [n_vocab] after `drafted`, and the full-vocabulary
+        distribution it was drawn from (None for greedy rows, whose proposals are deterministic).
+        A row with constraints (penalties, a grammar) drafts from its processed logits; when they
+        leave no token of this vocabulary, the token is None and the row drafts no further."""
+        if row.constraints is not None:
+            logits = row.constraints.draft(logits, drafted, self.ids)
+            if not bool(torch.isfinite(logits).any()):
+                return None, None
         if row.params.greedy:
             choice, probs = int(logits.argmax()), None
         else:
