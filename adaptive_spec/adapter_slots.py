@@ -29,6 +29,7 @@ class AdapterSlot:
     vocab: object  # the drafter's DraftVocab for this adapter (restricted to its tokens, or not)
     gated_alpha: float | None  # the acceptance the trainer's gate measured, where dynamic k starts
     nbytes: int = 0
+    ngrams: dict | None = None  # n-gram -> continuation, from the domain's recent outputs (free_first.py)
     last_used: float = field(default_factory=time.monotonic)
 
 

@@ -32,10 +32,11 @@ from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.head import HeadDrafter
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
-from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+from adaptive_spec.drafters.spec import DraftSpec, DraftSpecError, parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
@@ -78,11 +79,12 @@ class Engine:
         self.tokenizer = tokenizer
         self.vocab_size = _vocab_size(target)
         self.drafter = _make_drafter(draft, target, self.vocab_size, self.device)
-        for model in (self.target, self.drafter.model) if isinstance(self.drafter, ModelDrafter) else (self.target,):
+        core = self.drafter.model if isinstance(self.drafter, FreeFirstDrafter) else self.drafter  # the model draft
+        for model in (self.target, core.model) if isinstance(core, ModelDrafter) else (self.target,):
             cpu_linear.install(model)  # fp32 on the CPU only (cpu_linear.applies): ~2x faster decoding steps
             attention.use(model)  # a padded batch's masked attention without copying K/V per query head
-        if isinstance(self.drafter, HeadDrafter):
-            cpu_linear.install(self.drafter.head)  # its attention follows the target's config, which it shares
+        if isinstance(core, HeadDrafter):
+            cpu_linear.install(core.head)  # its attention follows the target's config, which it shares
         self.k = k
         self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
         self.target_id = target_id
@@ -110,7 +112,12 @@ class Engine:
         model, tokenizer = load_model(target, dev, dt)
         draft_model = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
-            draft_model, _ = load_model(draft, dev, dt)
+            spec = parse_draft_spec(draft)
+            draft_model, _ = load_model(spec.source, dev, dt)
+            if spec.free_first:
+                draft_model = FreeFirstDrafter(
+                    NgramDrafter(spec.max_ngram, dev), _model_drafter(draft_model, _vocab_size(model), spec.source)
+                )
         return cls(
             model,
             draft_model,
@@ -453,21 +460,29 @@ def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Draft
         if spec.kind == "ngram":
             return NgramDrafter(spec.max_ngram, device)
         if spec.kind == "early-exit":
-            return ModelDrafter(build_early_exit(target, spec.layers), name=draft)
-        if spec.kind == "head":
-            return HeadDrafter(target, name=draft)
-        raise DraftSpecError(
-            f"unknown draft spec {draft!r}: use early-exit:N, head, ngram, ngram:N, or a model "
-            f"(Engine.from_pretrained loads a draft model by name)"
-        )
-    if isinstance(draft, torch.nn.Module):
-        draft_vocab = _vocab_size(draft)
-        if draft_vocab != vocab_size:
-            raise DraftSpecError(
-                f"the draft's vocabulary has {draft_vocab} tokens and the target's {vocab_size}; a separate "
-                f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)"
+            drafter = ModelDrafter(
+                build_early_exit(target, spec.layers), name=str(DraftSpec("early-exit", spec.layers))
             )
-        return ModelDrafter(draft.eval().requires_grad_(False), name=type(draft).__name__)
+        elif spec.kind == "head":
+            drafter = HeadDrafter(target)
+        else:
+            raise DraftSpecError(
+                f"unknown draft spec {draft!r}: use early-exit:N, head, ngram, ngram:N, ngram+<draft>, or a model "
+                f"(Engine.from_pretrained loads a draft model by name)"
+            )
+        return FreeFirstDrafter(NgramDrafter(spec.max_ngram, device), drafter) if spec.free_first else drafter
+    if isinstance(draft, torch.nn.Module):
+        return _model_drafter(draft, vocab_size, type(draft).__name__)
     if hasattr(draft, "propose"):
         return draft
     raise DraftSpecError(f"draft must be a spec string, a model or a Drafter, got {type(draft).__name__}")
+
+
+def _model_drafter(draft: torch.nn.Module, vocab_size: int, name: str) -> ModelDrafter:
+    draft_vocab = _vocab_size(draft)
+    if draft_vocab != vocab_size:
+        raise DraftSpecError(
+            f"the draft's vocabulary has {draft_vocab} tokens and the target's {vocab_size}; a separate "
+            f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)"
+        )
+    return ModelDrafter(draft.eval().requires_grad_(False), name=name)

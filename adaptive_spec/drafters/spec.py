@@ -4,6 +4,7 @@
     parse_draft_spec("ngram")          # DraftSpec(kind="ngram", max_ngram=3)
     parse_draft_spec("ngram:2")        # DraftSpec(kind="ngram", max_ngram=2)
     parse_draft_spec("head")           # DraftSpec(kind="head"): one layer over the target's hidden state
+    parse_draft_spec("ngram+head")     # DraftSpec(kind="head", free_first=True): prompt lookup first
     parse_draft_spec("./my-draft")     # DraftSpec(kind="model", source="./my-draft"), loaded by name
 
 The engine, the trainer and every benchmark read specs through here, so a spec means the same
@@ -27,6 +28,7 @@ class DraftSpec:
     layers: int = 0  # early-exit: how many of the target's layers
     max_ngram: int = 0  # ngram: the longest n-gram looked up
     source: str = ""  # model: a Hugging Face id, a local directory or a .gguf file
+    free_first: bool = False  # ngram+<model draft>: prompt lookup first, the model otherwise
 
     @property
     def trainable(self) -> bool:
@@ -34,6 +36,8 @@ class DraftSpec:
         return self.kind != "ngram"
 
     def __str__(self) -> str:
+        if self.free_first:
+            return f"ngram+{DraftSpec(self.kind, self.layers, 0, self.source)}"
         if self.kind == "early-exit":
             return f"early-exit:{self.layers}"
         if self.kind == "ngram":
@@ -47,6 +51,11 @@ def parse_draft_spec(spec: str) -> DraftSpec:
     """Parse a draft spec; anything that is not a built-in kind names a separate draft model."""
     if not isinstance(spec, str) or not spec.strip():
         raise DraftSpecError(f"a draft spec must be a non-empty string, got {spec!r}")
+    if spec.startswith("ngram+"):
+        inner = parse_draft_spec(spec.removeprefix("ngram+"))
+        if inner.kind == "ngram" or inner.free_first:
+            raise DraftSpecError(f"ngram+ needs a model draft after it (ngram+head, ngram+early-exit:4); got {spec!r}")
+        return DraftSpec(inner.kind, inner.layers, DEFAULT_NGRAM, inner.source, free_first=True)
     kind, sep, arg = spec.partition(":")
     if kind == "early-exit":
         if not arg.isdigit():  # the range (1 <= N < the target's layers) is checked against the target

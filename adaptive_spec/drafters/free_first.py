@@ -1,0 +1,56 @@
+"""Free drafts first: copy from the context when it has a match, draft with the model otherwise.
+
+    Engine.from_pretrained(draft="ngram+head")          # or ngram+early-exit:4
+    drafter = FreeFirstDrafter(NgramDrafter(3), HeadDrafter(target))
+
+Answers often quote their prompt: identifiers, code, JSON keys, table names. Prompt lookup
+(`ngram.py`) proposes such continuations with no forward at all. For each row that drafts, this
+drafter first looks up the row's own context, then the n-gram index its adapter learnt from
+recent outputs of its domain (`AdapterSlot.ngrams`, when the trainer shipped one); a match of at
+least `min_match` tokens is proposed as it is, and only the other rows go through the model
+draft, in one batched forward per draft token as usual. Example: a row whose context ends in
+`SELECT name FROM` and holds `SELECT name FROM users WHERE` earlier proposes `users WHERE`
+for free, while a chat row in the same batch drafts with the head.
+
+It is the model draft in every other respect (its adapters, caches and vocabulary); the model's
+cache of a row that used a free proposal catches up on its next model proposal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.drafters import DraftRow, Proposal
+from adaptive_spec.drafters.ngram import NgramDrafter
+
+MIN_MATCH = 2  # a shorter copy is not worth a verify slot over the model's own guess
+
+
+class FreeFirstDrafter:
+    def __init__(self, lookup: NgramDrafter, model, min_match: int = MIN_MATCH):
+        self.lookup = lookup
+        self.model = model
+        self.min_match = min_match
+        self.name = f"{lookup.name}+{model.name}"
+
+    def __getattr__(self, name: str):
+        # Everything but proposing is the model draft's: new_cache, build_weights, new_vocab,
+        # restrict_vocab, keep_after_commit, wants_target_hidden, vocab, head...
+        return getattr(self.model, name)
+
+    def propose(self, cache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+        free = [self._free(row, k) if k else [] for row, k in zip(rows, ks, strict=True)]
+        use_free = [len(tokens) >= min(self.min_match, k) and bool(tokens) for tokens, k in zip(free, ks, strict=True)]
+        model_ks = [0 if chosen else k for chosen, k in zip(use_free, ks, strict=True)]
+        proposals = self.model.propose(cache, rows, model_ks)
+        for i, chosen in enumerate(use_free):
+            if chosen:
+                proposals[i] = Proposal(torch.tensor(free[i], dtype=torch.long, device=self.lookup.device), None)
+        return proposals
+
+    def _free(self, row: DraftRow, k: int) -> list[int]:
+        tokens = self.lookup.lookup(row.ids, k)
+        index = getattr(row.adapter, "ngrams", None)
+        if len(tokens) < min(self.min_match, k) and index:
+            tokens = self.lookup.lookup_index(row.ids, k, index) or tokens
+        return tokens

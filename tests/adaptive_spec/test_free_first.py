@@ -1,0 +1,51 @@
+"""Free drafts first (`adaptive_spec.drafters.free_first`): a row whose context (or its domain's n-gram
+index) has a match drafts by copying, with no forward; the others draft with the model, in one batch.
+
+Run: .venv/bin/python -m pytest tests/adaptive_spec/test_free_first.py -q   (CPU, seconds)
+
+Greedy equality for `ngram+head` and `ngram+early-exit:2` is in test_engine.py and test_batch.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from adaptive_spec import Engine
+from adaptive_spec.adapter_slots import AdapterSlot
+from adaptive_spec.drafters.free_first import FreeFirstDrafter
+from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
+from tiny import tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_specs() -> None:
+    assert str(parse_draft_spec("ngram+head")) == "ngram+head"
+    assert str(parse_draft_spec("ngram+early-exit:4")) == "ngram+early-exit:4"
+    spec = parse_draft_spec("ngram+./my-draft")
+    assert spec.kind == "model" and spec.source == "./my-draft" and spec.free_first
+    for bad in ["ngram+ngram", "ngram+", "ngram+ngram+head"]:
+        with pytest.raises(DraftSpecError):
+            parse_draft_spec(bad)
+
+
+def test_a_row_with_a_match_copies_and_the_others_use_the_model() -> None:
+    engine = Engine(tiny_target(0), "ngram+head")
+    assert isinstance(engine.drafter, FreeFirstDrafter)
+    batch = engine.new_batch(3)
+    repeating = batch.add(engine.request([5, 17, 33, 8, 5, 17, 33, 8, 5, 17], max_new_tokens=8))  # ... 5 17 -> 33 8
+    fresh = batch.add(engine.request([1, 2, 3, 4], max_new_tokens=8))  # no repeat: nothing to copy
+    indexed = batch.add(engine.request([9, 10, 11], max_new_tokens=8))
+    indexed.adapter = AdapterSlot(
+        "1", "sql", engine.drafter.head, engine.drafter.vocab, None, ngrams={(10, 11): [60, 61, 62]}
+    )
+    copied, modelled, from_index = engine.drafter.propose(batch.draft_cache, batch.rows, [2, 2, 3])
+    assert copied.tokens.tolist() == [33, 8] and copied.forwards == 0
+    assert modelled.forwards == 2 and len(modelled.tokens) == 2
+    assert from_index.tokens.tolist() == [60, 61, 62] and from_index.forwards == 0
+    assert fresh.slot == 1 and repeating.slot == 0
