@@ -490,7 +490,7 @@ def first_two_tokens(
             draft_probs = None if deterministic else draft[contexts[:k]]  # [k, vocab]
             target_probs = target[contexts]  # [k + 1, vocab]
             verdict = accept(draft_tokens, draft_probs, target_probs, generator)
-            tokens += draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+            tokens += [*draft_tokens[: verdict.num_accepted].tolist(), verdict.next_token]
             context = tokens[-1]
             if len(tokens) >= 2:
                 break

@@ -45,7 +45,16 @@ PROMPTS = [
 ]
 BUDGETS = [24, 9, 31, 16, 5, 27, 20, 12]  # a different max_new_tokens per prompt
 ARRIVALS = [0, 0, 1, 3, 4, 4, 9, 15]  # the step at which each prompt joins (staggered)
-DRAFT_KINDS = ["early-exit:1", "early-exit:3", "head", "ngram", "ngram+head", "ngram+early-exit:2", "separate-model", "target-itself"]
+DRAFT_KINDS = [
+    "early-exit:1",
+    "early-exit:3",
+    "head",
+    "ngram",
+    "ngram+head",
+    "ngram+early-exit:2",
+    "separate-model",
+    "target-itself",
+]
 
 _targets: dict[int, torch.nn.Module] = {}
 _alone: dict[tuple, list[int]] = {}

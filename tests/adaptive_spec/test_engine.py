@@ -40,7 +40,16 @@ PROMPTS = {
     "one-token": [44],  # nothing to prefill: the first step feeds the whole prompt
 }
 KS = [1, 2, 3, 5, None]  # None: DynamicK chooses per step
-DRAFT_KINDS = ["early-exit:1", "early-exit:3", "head", "ngram", "ngram+head", "ngram+early-exit:2", "separate-model", "target-itself"]
+DRAFT_KINDS = [
+    "early-exit:1",
+    "early-exit:3",
+    "head",
+    "ngram",
+    "ngram+head",
+    "ngram+early-exit:2",
+    "separate-model",
+    "target-itself",
+]
 
 
 _targets: dict[int, torch.nn.Module] = {}
