@@ -205,8 +205,8 @@ def _hf_generate(
     if assisted and isinstance(drafter, NgramDrafter):
         kwargs["prompt_lookup_num_tokens"] = k or 10
         assisted = False
-    if assisted and isinstance(drafter, ModelDrafter):
-        with _assistant_config(drafter.model, k):
+    if assisted and isinstance(drafter, ModelDrafter):  # with the served adapter's layers merged in, if any
+        with drafter.using(engine.adapters.general), _assistant_config(drafter.model, k):
             out = engine.target.generate(inputs, assistant_model=drafter.model, **kwargs)
     else:
         out = engine.target.generate(inputs, **kwargs)

@@ -42,6 +42,15 @@ class ServiceMetrics:
         self.num_drafts = self._counter("spec_decode_num_drafts", "Steps that drafted at least one token.", spec)
         self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens", "Draft tokens verified.", spec)
         self.num_accepted_tokens = self._counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec)
+        self.num_target_forwards = self._counter(
+            "spec_decode_num_target_forwards",
+            "Decoding steps (target forwards) of finished requests: mean acceptance length = emitted / "
+            "forwards, mean k = draft tokens / forwards.",
+            spec,
+        )
+        self.num_emitted_tokens = self._counter(
+            "spec_decode_num_emitted_tokens", "Tokens emitted by decoding steps (accepted + one per step).", spec
+        )
         self.accepted_per_pos = self._counter(
             "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens at each draft position (0 = first).",
@@ -63,8 +72,13 @@ class ServiceMetrics:
             registry=self.registry,
         )
         Gauge(
-            PREFIX + "num_requests_running", "Requests the engine is decoding (0 or 1).", registry=self.registry
+            PREFIX + "num_requests_running", "Requests the engine is decoding now (the batch).", registry=self.registry
         ).set_function(lambda: worker.running)
+        # The continuous batch (service/worker.py): mean batch size = rows / steps, mean k = k / steps.
+        self.batch_steps = self._counter("batch_steps", "Decoding steps of the batch.", [])
+        self.batch_rows = self._counter("batch_rows", "Rows decoded, summed over steps.", [])
+        self.batch_draft_k = self._counter("batch_draft_k", "Tokens drafted per row (k), summed over steps.", [])
+        self.batch_size = Gauge(PREFIX + "batch_size", "Rows in the latest decoding step.", registry=self.registry)
         Gauge(PREFIX + "num_requests_waiting", "Requests queued for the engine.", registry=self.registry).set_function(
             lambda: worker.waiting
         )
@@ -108,12 +122,21 @@ class ServiceMetrics:
         self.num_drafts.labels(version, domain).inc(drafts)
         self.num_draft_tokens.labels(version, domain).inc(stats.drafted)
         self.num_accepted_tokens.labels(version, domain).inc(stats.accepted)
+        self.num_target_forwards.labels(version, domain).inc(stats.target_forwards)
+        self.num_emitted_tokens.labels(version, domain).inc(stats.emitted)
         for position, accepted in enumerate(stats.accepted_per_pos):
             self.accepted_per_pos.labels(str(position), version, domain).inc(accepted)
         self.prompt_tokens.labels(domain).inc(prompt_tokens)
         self.generation_tokens.labels(domain).inc(generation_tokens)
         self.request_success.labels(finish_reason, domain).inc()
         self.latency.observe(latency_s)
+
+    def observe_step(self, rows: int, k: int) -> None:
+        """Count one decoding step of the batch: its rows and the k it drafted (EngineWorker.on_step)."""
+        self.batch_steps.inc()
+        self.batch_rows.inc(rows)
+        self.batch_draft_k.inc(k)
+        self.batch_size.set(rows)
 
     def _counter(self, name: str, doc: str, labels: list[str]) -> Counter:
         return Counter(PREFIX + name, doc, labels, registry=self.registry)

@@ -45,6 +45,7 @@ class Service:
         self.started_at = int(time.time())
         self.worker = EngineWorker(engine, settings.queue_size, settings.max_batch, on_end=self.request_ended)
         self.metrics = ServiceMetrics(engine, self.worker, writer)
+        self.worker.on_step = self.metrics.observe_step
         if stats is not None:
             self.metrics.registry.register(StatsCollector(stats))
         self._warned_no_topk = False
@@ -61,7 +62,11 @@ class Service:
                 dtype=settings.dtype,
                 k=settings.k,
                 record_topk=settings.record_topk,
+                max_adapters=settings.max_adapters,
             )
+        if settings.adapter:  # served from the start, until the registry's champion says otherwise
+            engine.load_adapter(settings.adapter)
+            log.info("serving adapter %s from %s", engine.adapter_version, settings.adapter)
         writer = stats = None
         if settings.redis_url:
             writer = CorrectionLogWriter(

@@ -18,6 +18,8 @@
 | max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
 | max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
 | max_batch | ADAPTIVE_SPEC_MAX_BATCH | 8 sequences decoding together (1: one request at a time) |
+| adapter | ADAPTIVE_SPEC_ADAPTER | none: an adapter directory to serve from the start (the registry's champion, when one is configured, replaces it) |
+| max_adapters | ADAPTIVE_SPEC_MAX_ADAPTERS | 8 domain adapters held at once; one more evicts the least used |
 | queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
 | request_timeout_s | ADAPTIVE_SPEC_REQUEST_TIMEOUT_S | 300 s, from arrival, queueing included |
 | drain_timeout_s | ADAPTIVE_SPEC_DRAIN_TIMEOUT_S | 30 s to finish in-flight requests at shutdown |
@@ -73,6 +75,8 @@ class Settings:
     default_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
     max_batch: int = 8
+    adapter: str | None = None  # an adapter directory served from the start
+    max_adapters: int = 8
     queue_size: int = 32
     request_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
@@ -102,6 +106,8 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.record_topk < 0:
             raise ValueError("request_timeout_s must be > 0, drain_timeout_s and record_topk >= 0")
+        if self.max_adapters < 0:
+            raise ValueError(f"max_adapters must be >= 0, got {self.max_adapters}")
         if self.adapter_poll_s < 0:
             raise ValueError(f"adapter_poll_s must be >= 0 (0: no adapter watcher), got {self.adapter_poll_s}")
         if self.stats_retention_s < 600 or self.drift_window_s < 10 or self.drift_min_drafts < 0:
@@ -146,6 +152,7 @@ _INTS = {
     "default_max_tokens",
     "max_body_bytes",
     "max_batch",
+    "max_adapters",
     "queue_size",
     "stream_maxlen",
     "log_queue_size",

@@ -60,6 +60,7 @@ class UpSettings:
     k: int | None = None
     dtype: str | None = None
     device: str | None = None
+    max_batch: int | None = None  # None: ADAPTIVE_SPEC_MAX_BATCH, else 8
     trainer: bool = True
     trainer_threads: int = 1  # the server decodes on the other cores
 
@@ -90,6 +91,7 @@ def run_up(up: UpSettings) -> int:
             k=up.k,
             dtype=up.dtype,
             device=up.device,
+            max_batch=up.max_batch,
             redis_url=redis_url,
             mlflow_tracking_uri=tracking_uri,
         )

@@ -64,7 +64,6 @@ from adaptive_spec.contracts import (
     cache_dir_name,
     sqlite_tracking_uri,
 )
-from adaptive_spec.drafters.model import ModelDrafter
 from trainer.adapter_events import AdapterEvents
 from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
@@ -292,7 +291,7 @@ def start_watcher(
     reaches the registry)."""
     if registry is None or settings.adapter_poll_s <= 0:
         return None
-    if not isinstance(engine.drafter, ModelDrafter):
+    if not hasattr(engine.drafter, "build_weights"):
         log.warning("draft %s takes no adapters: not watching the registry", engine.draft_id)
         return None
     return AdapterWatcher(

@@ -1,10 +1,12 @@
 """The benchmarks that compose serving and training: `bench-drift` (online training on a domain),
-`bench-swap` (the pause of an adapter hot swap) and `bench-load` (users against a running server).
+`bench-swap` (the pause of an adapter hot swap), `bench-load` (users against a running server) and
+`bench-serve` (throughput and latency of servers it starts, one at a time and batched).
 The code is in service/benchmarks/.
 
     adaptive-spec bench-drift --domain sql --budget-minutes 30 --json drift.json
     adaptive-spec bench-swap --rank 16 --swaps 50
     adaptive-spec bench-load --url http://127.0.0.1:8000 --users 8 --duration-s 30
+    adaptive-spec bench-serve --concurrency 1,2,4,8 --json serve.json --plot serve.png
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import sys
 from pathlib import Path
 
 from service.cli.options import (
+    adapter_option,
     k_list,
     load_engine,
     model_options,
     positive_int,
     raise_input,
     redis_url,
+    resolve_adapter,
     write_json,
 )
 
@@ -102,6 +106,34 @@ def add_commands(commands) -> None:
     load.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     load.set_defaults(func=cmd_bench_load)
 
+    serve = commands.add_parser(
+        "bench-serve",
+        help="serving throughput and latency at several concurrency levels: one at a time vs batched",
+        description="Start `adaptive-spec serve` on loopback once per configuration (one at a time with "
+        "--max-batch 1; batched target alone; batched speculative, both with --max-batch N) and run closed-loop "
+        "users at each --concurrency level for --duration-s: output tokens/s, requests/s, latency and time to "
+        "first token p50/p99, time per output token, errors, and whether every greedy output equals the target "
+        "alone's. Prints a table; --json and --plot write the figures. See service/benchmarks/serve.py.",
+    )
+    serve.add_argument("--prompts", type=Path, help="JSONL prompt file (default: the shipped chat set)")
+    serve.add_argument("--concurrency", type=k_list, default=(1, 2, 4, 8), metavar="N[,N...]", help="default: 1,2,4,8")
+    serve.add_argument(
+        "--duration-s", type=float, default=60.0, help="per configuration and level (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--max-batch", type=positive_int, default=8, help="of the batched servers (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--configs",
+        default="one_at_a_time,batched_plain,batched_speculative",
+        help="which configurations, comma-separated (default: all three)",
+    )
+    serve.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    serve.add_argument("--plot", type=Path, metavar="FILE.png", help="draw tokens/s and p50 latency against users")
+    model_options(serve)
+    adapter_option(serve)
+    serve.set_defaults(func=cmd_bench_serve)
+
 
 def cmd_bench_drift(args) -> int:
     from adaptive_spec.models import data_dir
@@ -151,6 +183,40 @@ def cmd_bench_swap(args) -> int:
     print(format_report(figures))
     write_json(args.json, figures)
     return 0 if figures["passes"] else 1
+
+
+def cmd_bench_serve(args) -> int:
+    from adaptive_spec.prompts import load_prompts, shipped
+    from service.benchmarks.serve import CONFIGS, ServeBenchSettings, format_report, plot, run_serve_bench
+
+    configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
+    unknown = [name for name in configs if name not in CONFIGS]
+    if unknown or not configs:
+        raise_input(f"--configs takes {', '.join(CONFIGS)}; got {args.configs!r}")
+    if args.duration_s <= 0:
+        raise_input("--duration-s must be positive")
+    adapter = resolve_adapter(args.adapter)
+    settings = ServeBenchSettings(
+        target=args.target,
+        draft=args.draft,
+        adapter=str(adapter) if adapter else None,
+        k=args.k,
+        dtype=args.dtype,
+        device=args.device,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency,
+        duration_s=args.duration_s,
+        max_batch=args.max_batch,
+        configs=configs,
+    )
+    items = load_prompts(args.prompts or shipped("chat"))
+    figures = run_serve_bench(settings, items, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_report(figures))
+    write_json(args.json, figures)
+    if args.plot:
+        plot(figures, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0 if figures["identical"] and not any(run["errors"] for run in figures["runs"]) else 1
 
 
 def cmd_bench_load(args) -> int:

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from service.cli.options import load_engine, model_options, positive_int, raise_input, write_json
+from service.cli.options import adapter_option, load_engine, model_options, positive_int, raise_input, write_json
 
 
 def add_commands(commands) -> None:
@@ -33,6 +33,7 @@ def add_commands(commands) -> None:
     gen.add_argument("--no-speculative", action="store_true", help="run the target alone (the baseline)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of text")
     model_options(gen)
+    adapter_option(gen)
     gen.set_defaults(func=cmd_generate)
 
     bench = commands.add_parser(
@@ -50,6 +51,7 @@ def add_commands(commands) -> None:
     )
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     model_options(bench)
+    adapter_option(bench)
     bench.set_defaults(func=cmd_bench)
 
 

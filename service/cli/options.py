@@ -76,11 +76,48 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
 
 
+def adapter_option(parser: argparse.ArgumentParser) -> None:
+    """--adapter (DESIGN.md: generate, bench, bench-serve): a trained draft to run."""
+    parser.add_argument(
+        "--adapter",
+        default=None,
+        metavar="DIR|VERSION",
+        help="run the draft with this adapter: an adapter directory (as the trainer writes them), or a "
+        "version of the registry (MLFLOW_TRACKING_URI, else the data directory's mlflow.db)",
+    )
+
+
+def resolve_adapter(adapter: str | None) -> Path | None:
+    """An adapter directory for --adapter: the directory itself, or a registry version downloaded
+    into the data directory's adapter cache (MLflow is imported only then)."""
+    if adapter is None:
+        return None
+    path = Path(adapter)
+    if path.is_dir():
+        return path
+    if not adapter.isdigit():
+        raise CommandError(f"--adapter {adapter!r} is neither a directory nor a registry version number")
+    from adaptive_spec.contracts import ADAPTER_CACHE_DIR
+    from adaptive_spec.models import data_dir
+    from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
+
+    try:
+        registry = AdapterRegistry(data_dir=data_dir())
+        return registry.download(adapter, data_dir() / ADAPTER_CACHE_DIR / f"cli-{adapter}")
+    except (RegistryError, RegistryUnavailable) as exc:
+        raise CommandError(f"--adapter {adapter}: {exc}") from None
+
+
 def load_engine(args):
     from adaptive_spec.engine import Engine
 
     print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
-    return Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+    engine = Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+    adapter = resolve_adapter(getattr(args, "adapter", None))
+    if adapter is not None:
+        engine.load_adapter(adapter)
+        print(f"serving adapter {engine.adapter_version} from {adapter}", file=sys.stderr)
+    return engine
 
 
 def write_json(path: Path | None, figures: dict) -> None:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from adaptive_spec.contracts import DATA_DIR_ENV
-from service.cli.options import DTYPES, CommandError, non_negative_int
+from service.cli.options import DTYPES, CommandError, non_negative_int, positive_int
 
 
 def add_commands(commands) -> None:
@@ -59,6 +59,13 @@ def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None
     models.add_argument("--k", type=non_negative_int, default=None)
     models.add_argument("--dtype", default=None, choices=DTYPES)
     models.add_argument("--device", default=None)
+    parser.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=None,
+        help="sequences decoded together, one step at a time (continuous batching); 1 decodes one "
+        "request at a time (default: $ADAPTIVE_SPEC_MAX_BATCH or 8)",
+    )
 
 
 def cmd_up(args) -> int:
@@ -76,6 +83,7 @@ def cmd_up(args) -> int:
         k=args.k,
         dtype=args.dtype,
         device=args.device,
+        max_batch=args.max_batch,
         trainer=not args.no_trainer,
     )
     try:
@@ -100,6 +108,7 @@ def cmd_serve(args) -> int:
             k=args.k,
             dtype=args.dtype,
             device=args.device,
+            max_batch=args.max_batch,
         )
     )
     return 0

@@ -1,0 +1,446 @@
+"""`adaptive-spec bench-serve`: serving throughput and latency at several concurrency levels.
+
+    adaptive-spec bench-serve                                   # default model, early-exit:4, 1,2,4,8 users, 60 s each
+    adaptive-spec bench-serve --concurrency 1,4 --duration-s 20 --json serve.json --plot serve.png
+    adaptive-spec bench-serve --adapter ./adapters/v7 --prompts python   # a trained draft on its domain
+    adaptive-spec bench-serve --target ./tiny --draft early-exit:1 --concurrency 1,2 --duration-s 3 --max-new-tokens 8
+
+For each configuration it starts an `adaptive-spec serve` of its own on a free loopback port (no
+Redis, no registry), waits for it to load, and runs closed-loop users against it at each
+concurrency level in turn: each user sends a streamed chat completion, reads it to the end, and
+sends the next at once, so the offered load follows the server's speed. The configurations:
+
+- `one_at_a_time`: `--max-batch 1`, speculative with dynamic k: the server as it was before
+  continuous batching, the baseline of the batching figures;
+- `batched_plain`: `--max-batch N`, every request with `adaptive_spec.speculative: false`
+  (the target alone, batched);
+- `batched_speculative`: `--max-batch N`, speculative with dynamic k.
+
+Per configuration and level (`runs` in the JSON): output tokens/s (completion tokens of every
+request answered in the window over the window), requests/s, latency p50/p99 (send to last
+byte), time to first token p50/p99 (send to the first content chunk), time per output token
+(mean over requests of (latency - ttft) / (tokens - 1)), errors (any non-200 or transport
+failure), `identical` (every output equals the target alone's text for its prompt; the reference
+is decoded once, one request at a time, by the first server with `speculative: false`), and the
+mean `k` and `batch_size` the engine chose over the window, read from its /metrics.
+
+A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from adaptive_spec.prompts import PromptItem
+
+CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")
+SERVER_START_TIMEOUT_S = 600.0  # the first start converts the default model's GGUF file
+
+
+@dataclass
+class ServeBenchSettings:
+    target: str
+    draft: str
+    adapter: str | None = None  # an adapter directory to serve
+    k: int | None = None  # None: dynamic k
+    dtype: str = "auto"
+    device: str = "auto"
+    max_new_tokens: int = 64
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    duration_s: float = 60.0
+    max_batch: int = 8
+    configs: tuple[str, ...] = CONFIGS
+    cli: tuple[str, ...] = (sys.executable, "-m", "service.cli")  # how to start `adaptive-spec`
+
+
+@dataclass
+class Reply:
+    prompt: int  # index into the prompts
+    sent: float
+    ttft_s: float | None = None
+    latency_s: float = math.nan
+    tokens: int = 0
+    text: str = ""
+    status: int | None = None  # None: a transport failure
+    error: str = ""
+
+
+@dataclass
+class Level:
+    config: str
+    concurrency: int
+    replies: list[Reply] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    k: float | None = None
+    batch_size: float | None = None
+
+    def figures(self, reference: list[str]) -> dict:
+        ok = [r for r in self.replies if r.status == 200]
+        tokens = sum(r.tokens for r in ok)
+        latencies = [r.latency_s for r in ok]
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        tpots = [(r.latency_s - r.ttft_s) / (r.tokens - 1) for r in ok if r.ttft_s is not None and r.tokens > 1]
+        elapsed = self.elapsed_s or math.nan
+        return {
+            "config": self.config,
+            "concurrency": self.concurrency,
+            "requests": len(self.replies),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "output_tok_s": round(tokens / elapsed, 2),
+            "requests_per_s": round(len(ok) / elapsed, 3),
+            "latency_p50_s": _round(percentile(latencies, 50)),
+            "latency_p99_s": _round(percentile(latencies, 99)),
+            "ttft_p50_s": _round(percentile(ttfts, 50)),
+            "ttft_p99_s": _round(percentile(ttfts, 99)),
+            "tpot_s": _round(statistics.fmean(tpots) if tpots else math.nan),
+            "errors": len(self.replies) - len(ok),
+            "identical": bool(ok) and all(r.text == reference[r.prompt] for r in ok),
+            "mismatched": sum(r.text != reference[r.prompt] for r in ok),
+            "k": None if self.k is None else round(self.k, 3),
+            "batch_size": None if self.batch_size is None else round(self.batch_size, 3),
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: p50 of [1, 2, 3, 4] is 2."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 4)
+
+
+def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: Callable[[str], None] = print) -> dict:
+    """Every configuration at every concurrency level, one server at a time; the figures as a dict."""
+    reference: list[str] | None = None
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="adaptive-spec-bench-serve-") as workdir:
+        for config in settings.configs:
+            max_batch = 1 if config == "one_at_a_time" else settings.max_batch
+            with served(settings, max_batch, Path(workdir) / config, log) as url:
+                if reference is None:
+                    log(f"reference: {len(items)} prompts, target alone, one at a time")
+                    reference = asyncio.run(_reference(url, items, settings.max_new_tokens))
+                speculative = config != "batched_plain"
+                for users in settings.concurrency:
+                    asyncio.run(_closed_loop(url, items, users, min(3.0, settings.duration_s), settings, speculative))
+                    level = asyncio.run(_measure(url, config, items, users, settings, speculative))
+                    figures = level.figures(reference)
+                    runs.append(figures)
+                    log(_row(figures))
+    return {
+        "runs": runs,
+        "identical": bool(runs) and all(run["identical"] for run in runs),
+        "prompts": len(items),
+        "max_new_tokens": settings.max_new_tokens,
+        "draft": settings.draft,
+        "adapter": settings.adapter,
+        "target": settings.target,
+        "max_batch": settings.max_batch,
+        "duration_s": settings.duration_s,
+        "k_setting": settings.k,
+    }
+
+
+# ---------------------------------------------------------------------------------------- servers
+
+
+@contextmanager
+def served(settings: ServeBenchSettings, max_batch: int, data_dir: Path, log: Callable[[str], None]):
+    """An `adaptive-spec serve` on a free loopback port; yields its URL and stops it (SIGTERM, by pid)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {key: value for key, value in os.environ.items() if key not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
+    env.update(
+        ADAPTIVE_SPEC_MAX_BATCH=str(max_batch),
+        ADAPTIVE_SPEC_ADAPTER_POLL_S="0",
+        ADAPTIVE_SPEC_QUEUE_SIZE=str(max(32, 4 * max(settings.concurrency))),
+        ADAPTIVE_SPEC_REQUEST_TIMEOUT_S="3600",
+    )
+    if settings.adapter:
+        env["ADAPTIVE_SPEC_ADAPTER"] = str(settings.adapter)
+    command = [
+        *settings.cli,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--target",
+        settings.target,
+        "--draft",
+        settings.draft,
+        "--dtype",
+        settings.dtype,
+        "--device",
+        settings.device,
+        "--data-dir",
+        str(data_dir),
+    ]
+    if settings.k is not None:
+        command += ["--k", str(settings.k)]
+    log_path = data_dir / "server.log"
+    log(f"starting a server with --max-batch {max_batch} on port {port} (log: {log_path})")
+    with open(log_path, "wb") as server_log:
+        process = subprocess.Popen(
+            command, env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, process, log_path)
+        yield url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_until_up(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the server exited with code {process.returncode} while starting:\n{tail}")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s (log: {log_path})")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------- clients
+
+
+def _body(item: PromptItem, model: str, max_tokens: int, speculative: bool, stream: bool) -> tuple[str, dict]:
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        "adaptive_spec": {"speculative": speculative, "log": False},
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if isinstance(item.prompt, str):
+        return "/v1/completions", {**body, "prompt": item.prompt}
+    return "/v1/chat/completions", {**body, "messages": item.prompt}
+
+
+async def _model(client: httpx.AsyncClient, url: str) -> str:
+    return (await client.get(url + "/v1/models")).raise_for_status().json()["data"][0]["id"]
+
+
+async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list[str]:
+    async with httpx.AsyncClient(timeout=3600) as client:
+        model = await _model(client, url)
+        texts = []
+        for item in items:
+            path, body = _body(item, model, max_tokens, speculative=False, stream=False)
+            choice = (await client.post(url + path, json=body)).raise_for_status().json()["choices"][0]
+            texts.append(choice["message"]["content"] if "message" in choice else choice["text"])
+        return texts
+
+
+async def _measure(
+    url: str, config: str, items: list[PromptItem], users: int, settings: ServeBenchSettings, speculative: bool
+) -> Level:
+    level = Level(config, users)
+    before = await _counters(url)
+    started = time.monotonic()
+    level.replies = await _closed_loop(url, items, users, settings.duration_s, settings, speculative)
+    level.elapsed_s = time.monotonic() - started
+    after = await _counters(url)
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    if steps > 0:
+        level.batch_size = (after["rows"] - before["rows"]) / steps
+        level.k = (after["k"] - before["k"]) / steps
+    return level
+
+
+async def _closed_loop(
+    url: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings, speculative: bool
+) -> list[Reply]:
+    """`users` closed-loop users for `duration_s`; requests under way at the end finish."""
+    deadline = time.monotonic() + duration_s
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=users + 2)) as client:
+        model = await _model(client, url)
+        per_user = await asyncio.gather(
+            *(
+                _user(client, url, model, items, u, users, deadline, settings.max_new_tokens, speculative)
+                for u in range(users)
+            )
+        )
+    return [reply for replies in per_user for reply in replies]
+
+
+async def _user(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    items: list[PromptItem],
+    user: int,
+    users: int,
+    deadline: float,
+    max_tokens: int,
+    speculative: bool,
+) -> list[Reply]:
+    replies, n = [], 0
+    while time.monotonic() < deadline:
+        index = (user + n * users) % len(items)
+        n += 1
+        replies.append(await _one(client, url, model, items[index], index, max_tokens, speculative))
+        if replies[-1].status is None:
+            await asyncio.sleep(0.1)  # a refused connection returns at once: do not spin
+    return replies
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, item: PromptItem, index: int, max_tokens: int, speculative: bool
+) -> Reply:
+    path, body = _body(item, model, max_tokens, speculative, stream=True)
+    reply = Reply(index, time.monotonic())
+    try:
+        async with client.stream("POST", url + path, json=body) as response:
+            reply.status = response.status_code
+            if response.status_code != 200:
+                reply.error = (await response.aread()).decode(errors="replace")[:300]
+                return reply
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    reply.status, reply.error = 500, str(event["error"])[:300]
+                    continue
+                for choice in event.get("choices", []):
+                    delta = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                    if delta:
+                        if reply.ttft_s is None:
+                            reply.ttft_s = time.monotonic() - reply.sent
+                        reply.text += delta
+                if event.get("usage"):
+                    reply.tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        reply.status, reply.error = None, type(exc).__name__
+    reply.latency_s = time.monotonic() - reply.sent
+    return reply
+
+
+async def _counters(url: str) -> dict[str, float]:
+    """The engine's step counters from /metrics: steps, rows decoded (sum of batch sizes), k drafted."""
+    names = {
+        "adaptive_spec:batch_steps_total": "steps",
+        "adaptive_spec:batch_rows_total": "rows",
+        "adaptive_spec:batch_draft_k_total": "k",
+    }
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(url + "/metrics")).text
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            found[names[name]] = float(value)
+    return found
+
+
+# ---------------------------------------------------------------------------------------- reports
+
+
+def _row(run: dict) -> str:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    return (
+        f"{run['config']:<20} {run['concurrency']:>3} users  {fmt(run['output_tok_s'], '8.1f')} tok/s  "
+        f"{fmt(run['requests_per_s'], '6.2f')} req/s  latency p50 {fmt(run['latency_p50_s'], '6.2f')} s "
+        f"p99 {fmt(run['latency_p99_s'], '6.2f')} s  ttft p50 {fmt(run['ttft_p50_s'], '5.3f')} s  "
+        f"tpot {fmt(run['tpot_s'], '6.4f')} s  k {fmt(run['k'], '4.2f')}  batch {fmt(run['batch_size'], '4.2f')}  "
+        f"errors {run['errors']}  identical {run['identical']}"
+    )
+
+
+def format_report(result: dict) -> str:
+    lines = [
+        f"bench-serve: {result['target']} with draft {result['draft']}"
+        f"{' and adapter ' + str(result['adapter']) if result['adapter'] else ''}, {result['prompts']} prompts, "
+        f"{result['max_new_tokens']} new tokens, greedy, max batch {result['max_batch']}"
+    ]
+    lines += [_row(run) for run in result["runs"]]
+    by = {(run["config"], run["concurrency"]): run for run in result["runs"]}
+    for (config, users), run in sorted(by.items()):
+        base = by.get(("one_at_a_time", users))
+        plain = by.get(("batched_plain", users))
+        if config == "batched_speculative" and base and plain and base["output_tok_s"] and plain["output_tok_s"]:
+            lines.append(
+                f"{users} users: batched speculative {run['output_tok_s'] / base['output_tok_s']:.2f}x "
+                f"one at a time, {run['output_tok_s'] / plain['output_tok_s']:.2f}x batched target alone"
+            )
+    lines.append(f"identical to the target alone in every run: {result['identical']}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """Output tokens/s and p50 latency against concurrency, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for config in CONFIGS:
+        runs = sorted((r for r in result["runs"] if r["config"] == config), key=lambda r: r["concurrency"])
+        if not runs:
+            continue
+        users = [r["concurrency"] for r in runs]
+        label = config.replace("_", " ")
+        throughput.plot(users, [r["output_tok_s"] for r in runs], marker="o", label=label)
+        latency.plot(users, [r["latency_p50_s"] for r in runs], marker="o", label=label)
+    for axis, title, unit in ((throughput, "output tokens/s", "tokens/s"), (latency, "p50 request latency", "s")):
+        axis.set_title(title)
+        axis.set_xlabel("concurrent users")
+        axis.set_ylabel(unit)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(sorted({r["concurrency"] for r in result["runs"]}))
+        axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.grid(alpha=0.3)
+        axis.set_ylim(bottom=0)
+    throughput.legend()
+    adapter = f", adapter {result['adapter']}" if result["adapter"] else ""
+    fig.suptitle(
+        f"adaptive-spec bench-serve: {Path(str(result['target'])).name}, draft {result['draft']}{adapter}, "
+        f"{result['max_new_tokens']} new tokens, greedy"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
