@@ -17,6 +17,9 @@ followed: before each round and each promotion the trainer reads the `champion` 
 moved, adopts that version (downloaded, checksum verified) as the adapter it trains from and gates
 against, so it never promotes over a rollback without beating the rolled-back-to version.
 
+One trainer per stream: a second `adaptive-spec train` on the same Redis waits as a standby, and says
+so in its log, until the leader's lease in Redis expires or is released (trainer/leader.py).
+
 SIGTERM or SIGINT: the round under way finishes, a last checkpoint is written, the registration queue
 gets one more try, and the process exits 0. MLflow down: training goes on; promoted adapters wait in
 `<data-dir>/registry-pending.json` and are registered when MLflow answers again (also after a restart).
@@ -38,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class TrainerSetupError(ValueError):
-    """The trainer cannot start: no Redis configured or reachable, or a draft that takes no adapter."""
+    """The trainer cannot start (no Redis configured or reachable, a draft that takes no adapter) or go on
+    (another trainer took its lease)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class TrainSettings:
     round_steps: int = 20
     gate_min_positions: int = 1000
     retry_s: float = 10.0  # between registration attempts while MLflow is down
+    lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
 
 
 def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) -> dict:
@@ -70,6 +75,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.champion import RegistryChampion
     from trainer.gate import Gate
+    from trainer.leader import TrainerLease, holder_id
     from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.pending import PendingRegistrations
     from trainer.registry import AdapterRegistry
@@ -102,6 +108,15 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
 
     data_dir = Path(settings.data_dir)
     consumer = settings.consumer or f"trainer-{socket.gethostname()}"
+    stop = stop or threading.Event()
+    restore = _stop_on_signals(stop)
+    lease = TrainerLease(settings.redis_url, holder_id(consumer), settings.lease_ttl_s)
+    if not lease.acquire(stop):  # standby until the leader's lease is free; stopped meanwhile
+        restore()
+        lease.release()
+        client.close()
+        return {"leader": False}
+    lease.keep(on_lost=stop.set)  # another trainer took it: stop like on SIGTERM
     registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
     pending = PendingRegistrations(
         registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
@@ -117,21 +132,29 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         round_steps=settings.round_steps,
     )
     trainer = OnlineTrainer(
-        draft_model, stream, online, on_promote=pending.submit, champion_source=RegistryChampion(registry, pending)
+        draft_model,
+        stream,
+        online,
+        on_promote=lease.fenced(pending.submit),
+        champion_source=RegistryChampion(registry, pending),
     )
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
-
-    stop = stop or threading.Event()
-    restore = _stop_on_signals(stop)
     try:
         counters = trainer.run(stop, budget_s=settings.budget_s, checkpoint_every_s=settings.checkpoint_every_s)
     finally:
         restore()
         left = pending.stop(timeout=15.0)
+        lease.release()
         registry.close()
         client.close()
+    if lease.lost_to is not None:
+        raise TrainerSetupError(
+            f"another trainer ({lease.lost_to}) took the lease; this one stopped so that only one trainer "
+            "promotes. Restarted, it waits as a standby."
+        )
     counters["registrations_pending"] = left
     counters["registered_versions"] = pending.registered
+    counters["leader"] = True
     log.info("trainer stopped: %s", counters)
     return counters
 
