@@ -1,6 +1,7 @@
 """OpenAI response bodies for chat and text completions, whole or as stream chunks.
 
-The figures for speculation ride in `usage.spec_decode` (DESIGN.md, HTTP contract):
+The figures for speculation ride in `usage.spec_decode` (DESIGN.md, HTTP contract), summed over
+a request's n choices:
 
     "usage": {"prompt_tokens": 12, "completion_tokens": 40, "total_tokens": 52,
               "spec_decode": {"num_draft_tokens": 40, "num_accepted_tokens": 30, "num_drafts": 10,
@@ -9,7 +10,20 @@ The figures for speculation ride in `usage.spec_decode` (DESIGN.md, HTTP contrac
 
 `mean_acceptance_length` is tokens emitted per target forward (`RequestStats`): 30 accepted
 plus one recovered or bonus token per forward over 10 forwards = 4.0. `adapter_version` is
-null for the base draft.
+null for the base draft. The prompt is counted once however many choices share it.
+
+Log-probabilities come in each endpoint's own OpenAI shape, one entry per output token (EOS
+included, as in `token_ids`):
+
+    chat:        "logprobs": {"content": [{"token": " Paris", "logprob": -0.31, "bytes": [32, 80, ...],
+                                           "top_logprobs": [{"token": " Paris", "logprob": -0.31, ...}, ...]}],
+                              "refusal": null}
+    completions: "logprobs": {"tokens": [" Paris"], "token_logprobs": [-0.31],
+                              "top_logprobs": [{" Paris": -0.31, " Lyon": -2.1}], "text_offset": [0]}
+
+`bytes` are the token's own bytes, so that a character split over two tokens still adds up:
+joining every token's bytes gives the UTF-8 of the text. A model without a tokenizer names its
+tokens `token_id:<id>`, as vLLM does.
 
 Completion choices also carry `token_ids` (an extension, as vLLM's `return_token_ids`): the
 only output of an engine without a tokenizer, whose `text` is then "".
@@ -17,41 +31,110 @@ only output of an engine without a tokenizer, whose `text` is then "".
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
 from adaptive_spec.engine import GenerationOutput
-from adaptive_spec.stats import RequestStats
 
 CHAT, COMPLETION = "chat", "completion"
+MIN_LOGPROB = -9999.0  # what OpenAI shows for a token the model rules out (JSON has no -inf)
 
 
-def usage(prompt_tokens: int, output: GenerationOutput) -> dict:
-    stats: RequestStats = output.stats
+def usage(prompt_tokens: int, outputs: list[GenerationOutput]) -> dict:
+    stats = [output.stats for output in outputs]
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    forwards, emitted = sum(s.target_forwards for s in stats), sum(s.emitted for s in stats)
+    completion_tokens = sum(len(output.token_ids) for output in outputs)
     return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(output.token_ids),
-        "total_tokens": prompt_tokens + len(output.token_ids),
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
         "spec_decode": {
-            "num_draft_tokens": stats.drafted,
-            "num_accepted_tokens": stats.accepted,
-            "num_drafts": stats.drafted_per_pos[0] if stats.drafted_per_pos else 0,
-            "acceptance_rate": stats.acceptance_rate,
-            "mean_acceptance_length": stats.mean_acceptance_length,
-            "adapter_version": stats.adapter_version,
+            "num_draft_tokens": drafted,
+            "num_accepted_tokens": accepted,
+            "num_drafts": sum(s.drafted_per_pos[0] if s.drafted_per_pos else 0 for s in stats),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": emitted / forwards if forwards else None,
+            "adapter_version": stats[0].adapter_version,
         },
     }
 
 
 @dataclass
+class Logprobs:
+    """The log-probabilities of some consecutive output tokens (a whole choice, or one stream chunk)."""
+
+    token_ids: list[int]
+    values: list[float]  # [n] the target's log-probability of each token
+    top: list[list[tuple[int, float]]] | None  # [n][alternatives], None when no alternatives were asked
+    text_offset: int = 0  # where the first token starts in the choice's text (completions)
+
+    @classmethod
+    def of(cls, output: GenerationOutput, start: int = 0, stop: int | None = None, text_offset: int = 0) -> Logprobs:
+        stop = len(output.token_ids) if stop is None else stop
+        top = None if output.top_logprobs is None else output.top_logprobs[start:stop]
+        return cls(output.token_ids[start:stop], output.logprobs[start:stop], top, text_offset)
+
+
+class TokenText:
+    """What one token looks like in a logprobs entry: its text and its bytes, cached by id.
+
+    Byte-level BPE vocabularies (GPT-2's, SmolLM2's, Llama 3's) spell each token's bytes with
+    printable stand-ins ("Ġ" for a space); mapping them back gives the exact bytes even of a token
+    that holds half a character, whose decoded text is only "\\ufffd".
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self._byte_level = type(decoder).__name__ == "ByteLevel"
+        self._cache: dict[int, tuple[str, list[int] | None]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int] | None]:
+        found = self._cache.get(token_id)
+        if found is None:
+            found = self._cache[token_id] = self._look_up(token_id)
+        return found
+
+    def _look_up(self, token_id: int) -> tuple[str, list[int] | None]:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}", None
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        piece = self.tokenizer.convert_ids_to_tokens(token_id) if self._byte_level else None
+        if piece is not None and all(ch in _BYTE_OF_CHAR for ch in piece):
+            return text, [_BYTE_OF_CHAR[ch] for ch in piece]
+        return text, list(text.encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=4)
+def token_text(tokenizer) -> TokenText:
+    """One TokenText per tokenizer, so its cache lives as long as the server."""
+    return TokenText(tokenizer)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (`bytes_to_unicode`), reversed: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    stand_ins = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(shifted)}
+    return {char: byte for byte, char in stand_ins.items()}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
+@dataclass
 class Formatter:
-    """Builds the bodies of one request: `kind` is CHAT or COMPLETION."""
+    """Builds the bodies of one request: `kind` is CHAT or COMPLETION; `tokens` names tokens in
+    log-probabilities (`token_text(engine.tokenizer)`)."""
 
     kind: str
     request_id: str
     created: int
     model: str
     fingerprint: str
+    tokens: TokenText | None = None
 
     @property
     def id(self) -> str:
@@ -67,42 +150,42 @@ class Formatter:
             "system_fingerprint": self.fingerprint,
         }
 
-    def completion(self, output: GenerationOutput, prompt_tokens: int) -> dict:
-        text = output.text or ""
-        if self.kind == CHAT:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": output.finish_reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": output.finish_reason,
-                "token_ids": list(output.token_ids),
-            }
-        return {**self._envelope(False), "choices": [choice], "usage": usage(prompt_tokens, output)}
+    def completion(self, outputs: list[GenerationOutput], prompt_tokens: int) -> dict:
+        """The whole response to a request whose n choices are `outputs`, in choice order."""
+        choices = []
+        for index, output in enumerate(outputs):
+            text = output.text or ""
+            logprobs = self.logprobs(Logprobs.of(output)) if output.logprobs is not None else None
+            if self.kind == CHAT:
+                message = {"role": "assistant", "content": text}
+                choices.append({"index": index, "message": message, "logprobs": logprobs})
+            else:
+                choices.append({"index": index, "text": text, "logprobs": logprobs})
+            choices[-1]["finish_reason"] = output.finish_reason
+            if self.kind == COMPLETION:
+                choices[-1]["token_ids"] = list(output.token_ids)
+        return {**self._envelope(False), "choices": choices, "usage": usage(prompt_tokens, outputs)}
 
     def chunk(
         self,
+        index: int,
         text: str,
         token_ids: list[int],
         finish_reason: str | None = None,
         *,
         first: bool = False,
+        logprobs: Logprobs | None = None,
         with_usage_field: bool = False,
     ) -> dict:
+        shown = None if logprobs is None else self.logprobs(logprobs)
         if self.kind == CHAT:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": finish_reason}
         else:
             choice = {
-                "index": 0,
+                "index": index,
                 "text": text,
-                "logprobs": None,
+                "logprobs": shown,
                 "finish_reason": finish_reason,
                 "token_ids": token_ids,
             }
@@ -111,8 +194,40 @@ class Formatter:
             body["usage"] = None  # as OpenAI: every chunk has it, null except in the last one
         return body
 
-    def usage_chunk(self, output: GenerationOutput, prompt_tokens: int) -> dict:
-        return {**self._envelope(True), "choices": [], "usage": usage(prompt_tokens, output)}
+    def usage_chunk(self, outputs: list[GenerationOutput], prompt_tokens: int) -> dict:
+        return {**self._envelope(True), "choices": [], "usage": usage(prompt_tokens, outputs)}
+
+    def logprobs(self, lp: Logprobs) -> dict:
+        """`lp` in this endpoint's shape (see the module docstring)."""
+        name = self.tokens or token_text(None)
+        values = [max(value, MIN_LOGPROB) for value in lp.values]
+        tops = lp.top or [[] for _ in lp.token_ids]
+        if self.kind == CHAT:
+            return {
+                "content": [
+                    {**_entry(name, token, value), "top_logprobs": [_entry(name, i, v) for i, v in top]}
+                    for token, value, top in zip(lp.token_ids, values, tops, strict=True)
+                ],
+                "refusal": None,
+            }
+        tokens = [name(token)[0] for token in lp.token_ids]
+        offsets, at = [], lp.text_offset
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        top_dicts = []
+        for text, value, top in zip(tokens, values, tops, strict=True):
+            alternatives: dict[str, float] = {}
+            for token, v in top:  # two ids that decode alike keep the likelier one's figure
+                alternatives.setdefault(name(token)[0], max(v, MIN_LOGPROB))
+            alternatives.setdefault(text, value)  # the chosen token is always there, as OpenAI's
+            top_dicts.append(alternatives)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top_dicts, "text_offset": offsets}
+
+
+def _entry(name: TokenText, token: int, value: float) -> dict:
+    text, raw = name(token)
+    return {"token": text, "logprob": max(value, MIN_LOGPROB), "bytes": raw}
 
 
 def sse(body: dict | str) -> str:

@@ -4,13 +4,24 @@ Supported OpenAI fields: `model`, `messages` (chat) or `prompt` (completions: a 
 list of token ids as OpenAI allows; a batch of one is unwrapped), `max_tokens` and its newer
 name `max_completion_tokens`, `temperature` in [0, 2] (default 1, as OpenAI; 0 is greedy),
 `top_p` in (0, 1], `seed`, `stop` (a string or up to 16), `stream`,
-`stream_options.include_usage`, `n` (1 only), `user` (ignored). Fields OpenAI defines that this
-server cannot honour (`logprobs`, `tools`, penalties, ...) are refused with a 400 rather than
-ignored; unknown fields are ignored.
+`stream_options.include_usage`, `n` (1 to 8 choices), `user` (ignored), and:
+
+- `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
+  "json_schema": {"name": "...", "schema": {...}}}`, enforced by a grammar on every token
+  (adaptive_spec/grammar.py); a schema the grammar library cannot enforce is a 400 with its message;
+- `frequency_penalty` and `presence_penalty` in [-2, 2], and `logit_bias` (token id as a string ->
+  bias in [-100, 100], at most 300 of them), with OpenAI's formulas (adaptive_spec/constraints.py);
+- log-probabilities, the target's own: chat takes `logprobs: true` and `top_logprobs` in [0, 20];
+  completions take the legacy `logprobs` in [0, 5] (the number of alternatives per token).
+
+Fields OpenAI defines that this server cannot honour (`tools`, `echo`, `best_of`, ...) are
+refused with a 400 rather than ignored; unknown fields are ignored.
 
 Extensions:
 
 - `top_k` (an integer; 0 or -1 disables it), as vLLM accepts it.
+- `repetition_penalty` in (0, 10] (1 = off), as vLLM and transformers: the logit of a token already
+  in the prompt or the output is divided by it when positive and multiplied by it when negative.
 - `adaptive_spec: {"log": false, "domain": "sql"}`:
   - `log: false` opts the request out of the correction log: no record of its prompt or output
     is written anywhere, and nothing of it reaches Redis (not even the dashboard's counters,
@@ -25,28 +36,28 @@ Extensions:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from adaptive_spec.engine import CHAT_ROLES
+from adaptive_spec.engine import CHAT_ROLES, MAX_LOGPROBS, MAX_N
 
 MAX_STOPS = 16
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
+MAX_LOGIT_BIAS = 300  # entries of logit_bias; each is a row of the bias vector
 
 # OpenAI fields this server does not implement, and the values that mean "not used".
 _UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "functions": (None, []),
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "response_format": (None, {"type": "text"}),
 }
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class AdaptiveSpecOptions(BaseModel):
@@ -59,6 +70,39 @@ class AdaptiveSpecOptions(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
+
+
+class JsonSchema(BaseModel):
+    """OpenAI's `response_format.json_schema`; `strict` is accepted, and every schema is enforced."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object: {"name": ..., "schema": {...}}')
+        return self
+
+    def for_engine(self) -> dict | None:
+        """The dict Engine.request takes; None for free text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": self.json_schema.name, "schema": self.json_schema.schema_},
+        }
 
 
 class _GenerationRequest(BaseModel):
@@ -74,7 +118,12 @@ class _GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: StrictInt | None = None
+    n: StrictInt | None = Field(None, ge=1, le=MAX_N)
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    logit_bias: dict[str, Bias] | None = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
     adaptive_spec: AdaptiveSpecOptions = Field(default_factory=AdaptiveSpecOptions)
 
@@ -88,12 +137,18 @@ class _GenerationRequest(BaseModel):
             raise ValueError("stop strings must not be empty")
         return stops
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _one_choice(cls, n):
-        if n not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return n
+    def _token_ids(cls, bias):
+        """Keys are token ids written as strings, as OpenAI's: {"50256": -100}."""
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}")
+        for key in bias:
+            if not re.fullmatch(r"[0-9]{1,9}", key):
+                raise ValueError(f"keys must be token ids (strings of digits), got {key!r}")
+        return bias
 
     @model_validator(mode="after")
     def _supported(self):
@@ -105,7 +160,7 @@ class _GenerationRequest(BaseModel):
         return self
 
     def engine_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """Keyword arguments for Engine.stream."""
+        """Keyword arguments for Engine.request."""
         return {
             "max_new_tokens": max_new_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
@@ -114,7 +169,22 @@ class _GenerationRequest(BaseModel):
             "seed": self.seed,
             "stop": self.stop or None,
             "speculative": self.adaptive_spec.speculative,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            "logit_bias": {int(token): bias for token, bias in (self.logit_bias or {}).items()} or None,
+            "response_format": None if self.response_format is None else self.response_format.for_engine(),
+            "logprobs": self.engine_logprobs,
         }
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """None: no log-probabilities; n: each token's and its n most likely alternatives."""
+        raise NotImplementedError
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -142,10 +212,23 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _logprobs_asked(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_GenerationRequest):
     prompt: Any
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod
@@ -160,3 +243,7 @@ class CompletionRequest(_GenerationRequest):
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             raise ValueError("batched prompts are not supported: send one prompt per request")
         raise ValueError("prompt must be a string or a list of token ids")
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        return self.logprobs

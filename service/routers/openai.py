@@ -5,31 +5,39 @@
       "messages": [{"role": "user", "content": "Name three rivers."}],
       "adaptive_spec": {"domain": "geography"}}'
 
-A request is checked (schema, model, limits, prompt length) before it is queued, so bad input
-gets its 400 at once; then it waits for the engine thread (429 when the queue is full). With
-`stream: true` the response starts once the first decoding step is done, so an error found
-until then still gets its own status; after that, an error ends the stream with an
-OpenAI-shaped `data: {"error": ...}` event and `data: [DONE]`.
+A request is checked (schema, model, limits, prompt length, and by the engine itself: penalties,
+logit bias, a response_format's schema, compiled here) before it is queued, so bad input gets its
+400 at once; then it waits for the engine thread (429 when the queue is full). Its `n` choices
+decode as n rows of the batch that share one prefill. With `stream: true` the response starts
+once the first decoding step is done, so an error found until then still gets its own status;
+after that, an error ends the stream with an OpenAI-shaped `data: {"error": ...}` event and
+`data: [DONE]`. The n choices' chunks interleave, each with its `index`, and one `[DONE]` follows
+the last choice's end.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from adaptive_spec.engine import InputError
+from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
 from adaptive_spec.textstream import IncrementalText
 from service.deps import ApiKey, ServiceDep
 from service.errors import APIError, bad_request
-from service.responses import CHAT, COMPLETION, Formatter, sse
+from service.responses import CHAT, COMPLETION, Formatter, Logprobs, sse, token_text
 from service.runtime import Service
 from service.schemas import ChatRequest, CompletionRequest
 from service.worker import Ended, Job, Rejected
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKey])
+
+# Engine.request's parameters whose name starts its InputError message: the error's `param`.
+_ENGINE_PARAMS = ("response_format", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                  "logprobs", "top_k", "top_p", "temperature", "stop", "max_new_tokens")  # fmt: skip
 
 
 @router.get("/models")
@@ -75,15 +83,19 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
         raise bad_request(
             f"max_tokens is {max_tokens}, over this server's limit of {settings.max_tokens_limit}", param="max_tokens"
         )
+    if body.num_choices > settings.max_batch:
+        raise bad_request(
+            f"n is {body.num_choices}, over this server's batch of {settings.max_batch} rows "
+            "(ADAPTIVE_SPEC_MAX_BATCH): the n choices decode together",
+            param="n",
+        )
     if body.stop and engine.tokenizer is None:
         raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
-    try:
-        prompt_ids = await run_in_threadpool(engine.encode_prompt, prompt)
-    except ValueError as exc:  # InputError, or a tokenizer without a chat template
-        raise bad_request(str(exc), param="messages" if kind == CHAT else "prompt") from None
+    params = body.engine_params(max_tokens)
+    prompt_ids = await run_in_threadpool(_checked, engine, prompt, params, "messages" if kind == CHAT else "prompt")
 
     options = body.adaptive_spec
-    job = service.new_job(prompt_ids, body.engine_params(max_tokens), log_record=options.log, domain=options.domain)
+    job = service.new_job(prompt_ids, params, log_record=options.log, domain=options.domain, n=body.num_choices)
     try:
         service.worker.submit(job)
     except Rejected as exc:
@@ -103,17 +115,51 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
         job.meta["created"],
         service.model_name,
         f"adaptive-spec:{engine.draft_id}:{engine.adapter_version or 'base'}",
+        token_text(engine.tokenizer),
     )
     headers = {"x-request-id": job.meta["request_id"]}
     chunk = await _next(job, request)
     if body.stream:
-        events = _stream(job, chunk, fmt, IncrementalText(engine, body.stop), body.include_usage, len(prompt_ids))
+        choices = [
+            _Choice(index, fmt, IncrementalText(engine, body.stop), params["logprobs"]) for index in range(job.n)
+        ]
+        events = _stream(job, chunk, fmt, choices, body.include_usage, len(prompt_ids))
         return StreamingResponse(
             events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
         )
-    while chunk.output is None:
+    outputs: dict[int, GenerationOutput] = {}
+    while True:
+        if chunk.output is not None:
+            outputs[chunk.index] = chunk.output
+            if len(outputs) == job.n:
+                break
         chunk = await _next(job, request)
-    return JSONResponse(fmt.completion(chunk.output, len(prompt_ids)), headers=headers)
+    ordered = [outputs[index] for index in range(job.n)]
+    return JSONResponse(fmt.completion(ordered, len(prompt_ids)), headers=headers)
+
+
+def _checked(engine: Engine, prompt, params: dict, prompt_param: str) -> list[int]:
+    """The prompt's token ids, once the engine has accepted the request: a bad value, or a
+    response_format the grammar library cannot compile, is a 400 before anything is queued.
+    Compiling here also caches the grammar for the worker thread. Runs on a worker thread."""
+    try:
+        prompt_ids = engine.encode_prompt(prompt)
+    except ValueError as exc:  # InputError, or a tokenizer without a chat template
+        raise bad_request(str(exc), param=prompt_param) from None
+    try:
+        engine.request(prompt_ids, **params)
+    except InputError as exc:
+        message = str(exc)
+        raise bad_request(message, param=next((p for p in _ENGINE_PARAMS if message.startswith(p)), None)) from None
+    except ValueError as exc:
+        if params.get("response_format") is None:
+            raise
+        # llguidance could not read this model's tokenizer (it raises before the engine can tell).
+        raise bad_request(
+            f"response_format is not available for this model: the grammar library cannot read its tokenizer ({exc})",
+            param="response_format",
+        ) from None
+    return prompt_ids
 
 
 async def _next(job: Job, request: Request):
@@ -127,23 +173,72 @@ async def _next(job: Job, request: Request):
         raise
 
 
-async def _stream(job: Job, chunk, fmt: Formatter, text: IncrementalText, include_usage: bool, prompt_tokens: int):
-    """Server-sent events from the first chunk on. A client that leaves cancels this generator,
-    whose `finally` stops the job at the next step."""
+@dataclass
+class _Choice:
+    """What the stream of one choice has shown so far.
+
+    With log-probabilities asked, a choice's chunks wait for its output, which carries them (the
+    engine's `Chunk` holds token ids only); each is then sent as it would have been, with its own
+    tokens' log-probabilities. Without, every chunk goes out as soon as it comes.
+    """
+
+    index: int
+    fmt: Formatter
+    text: IncrementalText
+    logprobs: int | None  # as asked of the engine: None = none
+    tokens_shown: int = 0
+    text_offset: int = 0  # characters of the tokens shown so far (completions' text_offset)
+    held: list[Chunk] = field(default_factory=list)
+
+    def events(self, chunk: Chunk, include_usage: bool) -> list[dict]:
+        """The bodies to send now that `chunk` came; the last one of a choice has its finish_reason."""
+        self.held.append(chunk)
+        if self.logprobs is not None and chunk.output is None:
+            return []
+        output, held, self.held = chunk.output, self.held, []
+        bodies = []
+        for step in held:
+            logprobs = None
+            if self.logprobs is not None:
+                start = self.tokens_shown
+                logprobs = Logprobs.of(output, start, start + len(step.token_ids), self.text_offset)
+                self.text_offset += sum(len(self.fmt.tokens(token)[0]) for token in step.token_ids)
+            self.tokens_shown += len(step.token_ids)
+            if step.output is None:
+                delta = self.text.push(step.token_ids)
+                if not delta and self.fmt.kind == CHAT and logprobs is None:
+                    continue  # nothing to show yet (a character or a stop string still incomplete)
+                finish = None
+            else:
+                delta, finish = self.text.finish(step.output.text), step.output.finish_reason
+            bodies.append(
+                self.fmt.chunk(
+                    self.index, delta, step.token_ids, finish, logprobs=logprobs, with_usage_field=include_usage
+                )
+            )
+        return bodies
+
+
+async def _stream(job: Job, chunk: Chunk, fmt: Formatter, choices: list[_Choice], include_usage: bool,
+                  prompt_tokens: int):  # fmt: skip
+    """Server-sent events from the first chunk on, the n choices interleaved as their chunks come;
+    one [DONE] once every choice has finished. A client that leaves cancels this generator, whose
+    `finally` stops the job (all its choices) at the next step."""
+    outputs: dict[int, GenerationOutput] = {}
     try:
         if fmt.kind == CHAT:
-            yield sse(fmt.chunk("", [], first=True, with_usage_field=include_usage))
-        while chunk.output is None:
-            delta = text.push(chunk.token_ids)
-            if delta or fmt.kind == COMPLETION:
-                yield sse(fmt.chunk(delta, chunk.token_ids, with_usage_field=include_usage))
+            for choice in choices:
+                yield sse(fmt.chunk(choice.index, "", [], first=True, with_usage_field=include_usage))
+        while True:
+            for body in choices[chunk.index].events(chunk, include_usage):
+                yield sse(body)
+            if chunk.output is not None:
+                outputs[chunk.index] = chunk.output
+                if len(outputs) == len(choices):
+                    break
             chunk = await job.next_event()
-        output = chunk.output
-        yield sse(
-            fmt.chunk(text.finish(output.text), chunk.token_ids, output.finish_reason, with_usage_field=include_usage)
-        )
         if include_usage:
-            yield sse(fmt.usage_chunk(output, prompt_tokens))
+            yield sse(fmt.usage_chunk([outputs[index] for index in range(len(choices))], prompt_tokens))
     except Ended as exc:
         yield sse(_ended(exc).body())
     except InputError as exc:
