@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -313,6 +314,27 @@ def test_each_choice_leaves_its_own_correction_record(server, tiny_engine, redis
         record = mine[request_id if index == 0 else f"{request_id}-{index}"]
         assert record.output_ids == choice["token_ids"] and record.domain == "n-test"
         assert record.prompt_ids == PROMPT
+
+
+def cancelled_by_disconnect(server) -> float:
+    lines = httpx.get(server.url + "/metrics").text.splitlines()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("adaptive_spec:requests_cancelled_total{") and 'reason="disconnect"' in line
+    )
+
+
+def test_a_client_leaving_an_n_stream_stops_every_choice(server, tiny_engine):
+    before = cancelled_by_disconnect(server)
+    body = {"model": tiny_engine.target_id, "prompt": PROMPT, "max_tokens": 200, "n": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+        tiny_engine.step_lock.acquire()  # mid-stream: the next step waits until the client is gone
+    time.sleep(0.3)
+    tiny_engine.step_lock.release()
+    wait_for(lambda: cancelled_by_disconnect(server) == before + 1, what="the n=3 stream to be cancelled once")
+    wait_for(lambda: httpx.get(server.url + "/health").json()["requests_running"] == 0, what="no row left running")
 
 
 def test_n_over_the_servers_batch_is_a_400(live_server, tiny_engine):
