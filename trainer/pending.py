@@ -17,8 +17,9 @@ trainer's v0006 (trained from 5) waited for MLflow, v0006 is registered as versi
 promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operator can still
 promote it by hand. The trainer itself follows the registry (trainer/champion.py): once nothing of
 its own is queued, whatever the registry serves is the champion it adopts, trains from and gates
-against. What is left: an operator action landing between the check and the alias move of one
-registration (a few milliseconds) is overwritten.
+against. The check runs after the version is created (its artifacts uploaded: a second or more),
+right before the alias moves, so a rollback made during the upload stands. What is left: an
+operator action landing between the check and the alias move (two MLflow calls) is overwritten.
 
 Tests (MLflow server stopped and started, real Redis): `.venv/bin/python -m pytest
 tests/trainer/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
@@ -102,9 +103,11 @@ class PendingRegistrations:
                     return 0
                 entry = queue[0]
                 try:
-                    abandoned = self._abandoned(entry)
-                    version = self.registry.register(Path(entry["path"]), by=self.by, promote=abandoned is None)
-                    if abandoned is not None:
+                    version = self.registry.register(Path(entry["path"]), by=self.by, promote=False)
+                    abandoned = self._abandoned(entry)  # after the upload, right before the alias moves
+                    if abandoned is None:
+                        self.registry.promote(version, by=self.by)
+                    else:
                         self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
                         log.warning(
                             "registered %s as version %s without promoting it: %s", entry["path"], version, abandoned

@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  
 from registry_support import write_adapter
 from tiny import llama, tiny_target
 
-from adaptive_spec.adapters import WEIGHTS_FILE, sha256_file
-from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
+from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME, SHA_TAG
 from service import cli
 from trainer.pending import PendingRegistrations
 from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
@@ -187,6 +188,28 @@ def test_cli_lists_rolls_back_and_promotes(backend, adapters, capsys, monkeypatc
 
     assert cli.main(["adapters", "promote", "9", "--registered-model", name]) == 2
     assert "no version" in capsys.readouterr().err
+
+
+def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, adapters, monkeypatch, tmp_path):
+    """The queue checks the champion after the upload, right before the alias moves (trainer/pending.py): a
+    rollback that lands while version 3's files upload (a second or more on an MLflow server) is not overwritten
+    by version 3, which was trained from the version rolled away from. Seen in tests/reliability/test_fleet.py."""
+    registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir))
+    registry.register(adapters[0], by="trainer:test")
+    registry.register(adapters[1], by="trainer:test")  # champion 2, previous 1
+    upload = registry._log_run
+
+    def upload_then_rollback(*args):
+        run_id = upload(*args)
+        registry.rollback(by="cli:alice@host")  # 2 -> 1 while version 3's files upload
+        return run_id
+
+    monkeypatch.setattr(registry, "_log_run", upload_then_rollback)
+    pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test")
+    parent, own = (AdapterDir(path).metadata()[SHA_TAG] for path in adapters[1:])
+    pending.submit(SimpleNamespace(path=adapters[2], parent_sha256=parent, sha256=own))  # trained from 2
+    assert pending.registered == ["3"] and pending.not_promoted == ["3"]
+    assert registry.aliases() == {"champion": "1"}
 
 
 def test_promotions_wait_for_mlflow_and_land_when_it_returns(
