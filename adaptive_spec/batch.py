@@ -125,6 +125,9 @@ class Batch:
         self.rows: list[Row] = []
         self.target_cache = kv.BatchCache.for_model(engine.target)
         self.draft_cache = engine.drafter.new_cache() if engine.drafter is not None else None
+        for cache in (self.target_cache, self.draft_cache):
+            if cache is not None:
+                cache.row_capacity = max_rows
         self.last_step = (0, 0)  # (rows, k) of the latest step: what a server's metrics count
         self.wants_hidden = bool(getattr(engine.drafter, "wants_target_hidden", False))
         self._verified_hidden: list[torch.Tensor] | None = None  # per row [k + 1, hidden], from the last verify

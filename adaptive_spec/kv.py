@@ -19,8 +19,9 @@ recovered token that is not yet cached, so `set_length(0, 12)`. Row 1: `set_leng
 `BatchCache` has the one method transformers' attention layers call, `update`. Memory: a row
 costs `2 * layers * kv_heads * head_dim * 4` bytes per token in fp32; for the default model
 (30 layers, 3 KV heads of 64) that is 46 KB per token, 5.9 MB for a 128-token context, and the
-`early-exit:4` draft adds 6 KB per token. Capacity grows in steps of `GROW` tokens as the
-longest row needs it, so a batch holds at most `rows x context limit` positions.
+`early-exit:4` draft adds 6 KB per token. Capacity grows (at least doubling, in
+multiples of `GROW` tokens) as the longest row needs it, so a batch holds at most `rows x context
+limit` positions.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class BatchCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers  # each [row_capacity, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths: list[int] = []  # [n] valid positions per row
+        self.row_capacity = 1  # rows to allocate at once (a batch sets its maximum: no regrowth as rows join)
+        self.max_positions: int | None = None  # the model's context: capacity never grows past it
         self._capacity = 0  # positions per row allocated
         self._active: slice | torch.Tensor = slice(0, 0)  # the rows the running forward covers
         self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
@@ -50,7 +53,9 @@ class BatchCache:
 
     @classmethod
     def for_model(cls, model) -> BatchCache:
-        return cls(model.config.num_hidden_layers, next(model.parameters()).device)
+        cache = cls(model.config.num_hidden_layers, next(model.parameters()).device)
+        cache.max_positions = getattr(model.config, "max_position_embeddings", None)
+        return cache
 
     # ------------------------------------------------------------------ rows
 
@@ -145,7 +150,7 @@ class BatchCache:
 
     def _allocate(self, layer_idx: int, like: torch.Tensor) -> None:
         _, heads, _, dim = like.shape
-        rows = max(len(self.lengths), 1)
+        rows = max(len(self.lengths), self.row_capacity)
         shape = (rows, heads, max(self._capacity, GROW), dim)
         self.keys[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
         self.values[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
@@ -154,8 +159,10 @@ class BatchCache:
     def _reserve(self, rows: int, positions: int) -> None:
         """Grow every allocated buffer to hold `rows` rows of `positions` positions."""
         capacity = self._capacity
-        if positions > capacity:
-            capacity = -(-positions // GROW) * GROW
+        if positions > capacity:  # at least double, so a long generation reallocates a few times only
+            capacity = -(-max(positions, 2 * capacity) // GROW) * GROW
+            if self.max_positions is not None:
+                capacity = max(positions, min(capacity, self.max_positions))
         for buffers in (self.keys, self.values):
             for i, layer in enumerate(buffers):
                 if layer is None or (layer.shape[0] >= rows and layer.shape[2] >= capacity):
