@@ -36,7 +36,7 @@ from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from adaptive_spec.record import CorrectionRecord
-from trainer.distill import TrainingExample, collate, draft_logits, examples_from_record, micro_batches
+from trainer.distill import TrainingExample, causal_lm, collate, draft_logits, examples_from_record, micro_batches
 
 
 @dataclass(frozen=True)
@@ -52,23 +52,43 @@ class GateFigures:
 def draft_agreement(draft_model, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048,
                     max_seq_len: int = 1024) -> GateFigures:  # fmt: skip
     """Teacher-forced agreement of `draft_model` (plain, PEFT-wrapped, or with transformers-loaded
-    adapters, in whatever adapter state it is in) with the target's logged top-m."""
+    adapters, in whatever adapter state it is in) with the target's logged top-m.
+
+    A draft that needs more than the tokens to run scores itself through its own `gate_figures`
+    (same arguments): a head draft reads the target's hidden states (trainer/head_distill.py).
+    """
+    own = getattr(causal_lm(draft_model), "gate_figures", None)
+    if own is not None:
+        return own(records, batch_tokens, max_seq_len)
     examples = [r if isinstance(r, TrainingExample) else examples_from_record(r, max_seq_len) for r in records]
-    examples = [example for example in examples if example.num_positions]
-    expected, matched, positions = 0.0, 0, 0
-    for group in micro_batches(examples, batch_tokens):
+    tally = Tally()
+    for group in micro_batches([example for example in examples if example.num_positions], batch_tokens):
         batch = collate(group)
-        logits = draft_logits(draft_model, batch)  # [positions, vocab]
-        topk_ids = batch.target_topk_ids.to(logits.device)  # [positions, m]
-        target_probs = batch.target_topk_logprobs.to(logits.device).exp()  # [positions, m], padding -> 0
-        draft_probs = torch.softmax(logits, dim=-1).gather(-1, topk_ids)  # [positions, m]
-        expected += float(torch.minimum(draft_probs, target_probs).sum())
-        target_top1 = topk_ids.gather(-1, batch.target_topk_logprobs.to(logits.device).argmax(-1, keepdim=True))[:, 0]
-        matched += int((logits.argmax(-1) == target_top1).sum())
-        positions += len(target_top1)
-    if positions == 0:
-        return GateFigures(math.nan, math.nan, 0)
-    return GateFigures(expected / positions, matched / positions, positions)
+        tally.add(draft_logits(draft_model, batch), batch.target_topk_ids, batch.target_topk_logprobs)
+    return tally.figures()
+
+
+class Tally:
+    """Sums of the gate's figures over batches of positions."""
+
+    def __init__(self) -> None:
+        self.expected, self.matched, self.positions = 0.0, 0, 0
+
+    def add(self, logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor) -> None:
+        """logits [positions, vocab]; the target's top-m ids [positions, m] and logprobs [positions, m]
+        (-inf where padded)."""
+        topk_ids = target_topk_ids.to(logits.device)  # [positions, m]
+        logprobs = target_topk_logprobs.to(logits.device)  # [positions, m]
+        draft_probs = torch.softmax(logits.float(), dim=-1).gather(-1, topk_ids)  # [positions, m]
+        self.expected += float(torch.minimum(draft_probs, logprobs.exp()).sum())  # padding: exp(-inf) = 0
+        target_top1 = topk_ids.gather(-1, logprobs.argmax(-1, keepdim=True))[:, 0]  # [positions]
+        self.matched += int((logits.argmax(-1) == target_top1).sum())
+        self.positions += len(target_top1)
+
+    def figures(self) -> GateFigures:
+        if self.positions == 0:
+            return GateFigures(math.nan, math.nan, 0)
+        return GateFigures(self.expected / self.positions, self.matched / self.positions, self.positions)
 
 
 @contextlib.contextmanager

@@ -70,10 +70,10 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     import redis
     import torch
 
-    from adaptive_spec.drafters.early_exit import build_early_exit
     from adaptive_spec.drafters.spec import parse_draft_spec
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.champion import RegistryChampion
+    from trainer.drafts import TARGET_DRAFTS, trainable_draft
     from trainer.gate import Gate
     from trainer.leader import TrainerLease, holder_id
     from trainer.online import OnlineSettings, OnlineTrainer
@@ -98,10 +98,10 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     dtype = resolve_dtype(settings.dtype, device)
     spec = parse_draft_spec(settings.draft)
     if not spec.trainable:
-        raise TrainerSetupError(f"the {spec} draft has no weights to train; use early-exit:N or a draft model")
-    if spec.kind == "early-exit":  # the records hold the target's top-m: the target only lends layers
+        raise TrainerSetupError(f"the {spec} draft has no weights to train; use early-exit:N, head or a draft model")
+    if spec.kind in TARGET_DRAFTS:  # the target lends its layers (and, to a head, its hidden states)
         log.info("loading %s for the draft %s on %s in %s", settings.target, spec, device, dtype)
-        draft_model = build_early_exit(load_model(settings.target, device, dtype)[0], spec.layers)
+        draft_model = trainable_draft(spec, load_model(settings.target, device, dtype)[0])
     else:
         log.info("loading the draft %s on %s in %s", spec, device, dtype)
         draft_model = load_model(spec.source, device, dtype)[0]

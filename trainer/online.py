@@ -37,6 +37,11 @@ margin per round is thrown away, so on a plateau where `round_steps` steps gain 
 margin (0.01 by default) the trainer stops improving. Raise `round_steps` rather than lowering
 the margin if that happens.
 
+The draft to train is an early-exit draft (`build_early_exit(target, 4)`, trained by
+trainer/distill.py) or a head (`TrainableHead(target)`, trained by trainer/head_distill.py, which
+runs the target once per record for its hidden states); for a head, `lora` may be a `HeadSettings`.
+Everything else (the gate, versions, checkpoints, the registry) is the same for both.
+
 Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer
 owns `draft_model`: PEFT injects the LoRA layers into it in place.
 """
@@ -62,6 +67,7 @@ from trainer.champion import Champion, RegistryChampion, agreement
 from trainer.checkpoint import latest_checkpoint, read_records, write_checkpoint
 from trainer.distill import DraftTrainer, LoraSettings
 from trainer.gate import Gate, GateFigures
+from trainer.head_distill import HeadTrainer, TrainableHead
 from trainer.intake import StreamIntake
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion, VersionDirs
@@ -78,7 +84,7 @@ class OnlineSettings:
     target_id: str = "target"
     draft_id: str = "draft"
     base_version: str | int | None = None  # an opaque label of what the lineage starts from
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # a head takes HeadSettings (head_distill.py)
     gate: Gate = field(default_factory=Gate)
     holdout_fraction: float = 0.1  # of records, by a hash of their request id
     holdout_records: int = 256  # the most recent held-out records the gate scores
@@ -147,7 +153,8 @@ class OnlineTrainer:
         self._changed = False  # anything to checkpoint since the last checkpoint
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
-        self.trainer = DraftTrainer(
+        trainer_class = HeadTrainer if isinstance(draft_model, TrainableHead) else DraftTrainer
+        self.trainer = trainer_class(
             draft_model,
             settings.lora,
             init_adapter=checkpoint / "adapter" if checkpoint else None,

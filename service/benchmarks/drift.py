@@ -42,11 +42,11 @@ from tqdm import tqdm
 
 from adaptive_spec.bench import run_bench
 from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_ENV
-from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 from service.correction_log import CorrectionLogWriter
+from trainer.drafts import TARGET_DRAFTS, trainable_draft
 from trainer.gate import Gate
 from trainer.online import OnlineSettings, OnlineTrainer
 from trainer.stream import CorrectionStream
@@ -91,7 +91,7 @@ def run_drift(
 ) -> dict:
     started = time.monotonic()
     deadline = started + settings.budget_minutes * 60
-    layers = _early_exit_layers(engine.draft_id)
+    draft = _draft_to_train(engine)
     held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
 
     before = run_bench(
@@ -124,7 +124,7 @@ def run_drift(
         gate=Gate(min_positions=settings.gate_min_positions, margin=0.01),
         holdout_fraction=settings.holdout_fraction,
     )
-    trainer = OnlineTrainer(build_early_exit(engine.target, layers), stream, online, on_promote=promote)
+    trainer = OnlineTrainer(draft, stream, online, on_promote=promote)
     stop = threading.Event()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -206,11 +206,12 @@ def _train(trainer, stop: threading.Event, deadline: float) -> None:
         log.exception("trainer stopped with an error")
 
 
-def _early_exit_layers(draft_id: str) -> int:
-    spec = parse_draft_spec(draft_id)
-    if spec.kind != "early-exit":
-        raise DraftSpecError(f"bench-drift trains LoRA adapters on early-exit drafts; got draft {draft_id!r}")
-    return spec.layers
+def _draft_to_train(engine):
+    """The trainer's draft over the engine's own target: an early-exit draft or a head (ngram+ as well)."""
+    spec = parse_draft_spec(engine.draft_id)
+    if spec.kind not in TARGET_DRAFTS:
+        raise DraftSpecError(f"bench-drift trains early-exit:N and head drafts; got draft {engine.draft_id!r}")
+    return trainable_draft(spec, engine.target)
 
 
 def format_report(figures: dict) -> str:

@@ -56,8 +56,9 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--draft",
         default=DEFAULT_DRAFT,
-        help="draft: early-exit:N (the target's first N layers), ngram (prompt lookup), or a "
-        "model with the target's vocabulary (default: %(default)s)",
+        help="draft: early-exit:N (the target's first N layers), head (one layer reading the target's "
+        "hidden state, EAGLE-style), ngram (prompt lookup), ngram+head or ngram+early-exit:N (prompt lookup "
+        "first), or a model with the target's vocabulary (default: %(default)s)",
     )
     group.add_argument(
         "--k",

@@ -27,7 +27,12 @@ def add_commands(commands) -> None:
         "checkpoints and exits. See trainer/main.py.",
     )
     train.add_argument("--target", default=DEFAULT_MODEL, help="the served target (default: %(default)s)")
-    train.add_argument("--draft", default=DEFAULT_DRAFT, help="early-exit:N or a draft model (default: %(default)s)")
+    train.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help="the draft to train: early-exit:N, head (an EAGLE-style head; the trainer runs the target "
+        "once per record for its hidden states) or a draft model (default: %(default)s)",
+    )
     train.add_argument(
         "--data-dir",
         type=Path,

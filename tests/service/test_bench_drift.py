@@ -17,9 +17,10 @@ from service.benchmarks.drift import DriftSettings, format_report, run_drift
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 
-def test_a_short_run_reports_every_figure(redis_url, tmp_path, monkeypatch):
+@pytest.mark.parametrize("draft", ["early-exit:1", "head"])
+def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_URL", redis_url)  # a stream of its own, deleted at the end
-    engine = Engine(llama(0, vocab=64), "early-exit:1", eos_token_id=[], record_topk=8)
+    engine = Engine(llama(0, vocab=64), draft, eos_token_id=[], record_topk=8)
     rng = np.random.default_rng(0)
     items = [PromptItem(rng.integers(0, 16, 8).tolist()) for _ in range(40)]
     settings = DriftSettings(
@@ -36,3 +37,4 @@ def test_a_short_run_reports_every_figure(redis_url, tmp_path, monkeypatch):
     for key in ("domain", "records_consumed", "tokens_consumed", "train_s", "adapters_promoted", "budget_minutes"):
         assert key in figures
     assert "after at fixed k=2" in format_report(figures)
+    assert figures["records_consumed"] > 0  # the trainer read the traffic for this draft

@@ -1,0 +1,274 @@
+"""Training a head draft (trainer/head_distill.py) on a tiny random Llama built in code, and serving
+what it saves.
+
+Run: .venv/bin/python -m pytest tests/trainer/test_head_distill.py -q   (CPU, one thread, about 40 s)
+
+What must hold:
+
+- the states the trainer computes are the target's own, lined up as the head reads them: through
+  the target's final norm and LM head they give back the top-1 the target logged at every output
+  position, and the head reads the state at t - 1 beside token t;
+- on a one-layer target, a head that is that layer (its fuse passes the embedding alone) is the
+  target: the gate scores it 1.0, and so does every step of an unrolled chain, which checks the
+  attention pattern of the steps drafted on the head's own states;
+- training raises the held-out greedy match of the first draft token and of the chained steps well
+  above the base head, lr = 0 changes nothing, and only LoRA weights and the fuse train: the target
+  stays bit for bit the same;
+- a saved version is a PEFT directory on DraftHead that the engine serves (same predicted states as
+  the trainer's head, greedy output identical to the target alone), reloads into a trainer, and is
+  refused when corrupt or made for another draft, exactly like an early-exit adapter.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaptive_spec import Engine
+from adaptive_spec.adapters import AdapterDir, AdapterError
+from adaptive_spec.contracts import METADATA_FILE
+from adaptive_spec.record import CorrectionRecord, record_from_output
+from trainer.buffer import HoldoutSplit
+from trainer.distill import examples_from_record
+from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
+from trainer.head_distill import HeadSettings, HeadTrainer, TrainableHead, head_batch, unrolled
+
+# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
+from test_adapters import make_adapter
+from tiny import llama
+from traffic import greedy_records
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 64
+STEPS = 120
+SETTINGS = HeadSettings(batch_tokens=512, r=8, unroll=2)
+
+
+@dataclass
+class Run:
+    target: torch.nn.Module
+    weights_before: dict[str, torch.Tensor]
+    train_records: list[CorrectionRecord]
+    holdout: list[CorrectionRecord]
+    base: GateFigures  # the head as served without a version
+    trainer: HeadTrainer
+    trained: GateFigures
+    broken: GateFigures  # the lr = 0 trainer
+    start: GateFigures  # a trainer before any step (its fuse starts as [I | c I])
+    losses: list[float]
+
+
+def train(target, records, settings: HeadSettings, steps: int = STEPS) -> tuple[HeadTrainer, list[float]]:
+    trainer = HeadTrainer(TrainableHead(target), settings, target_id="tiny-llama", draft_id="head")
+    examples = [examples_from_record(each) for each in records]
+    rng = np.random.default_rng(0)
+    losses = [trainer.train_step([examples[i] for i in rng.permutation(len(examples))[:12]]) for _ in range(steps)]
+    return trainer, losses
+
+
+@pytest.fixture(scope="module")
+def run() -> Run:
+    target = llama(0, vocab=VOCAB)
+    weights_before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
+    records = greedy_records(target, 160, new_tokens=24)
+    split = HoldoutSplit(fraction=0.25)
+    train_records = [each for each in records if not split.add(each)]
+    base = draft_agreement(TrainableHead(target), split.records)
+    start = draft_agreement(HeadTrainer(TrainableHead(target), SETTINGS).model, split.records)
+    trainer, losses = train(target, train_records, SETTINGS)
+    broken, _ = train(target, train_records, HeadSettings(batch_tokens=512, r=8, lr=0.0), steps=5)
+    return Run(target, weights_before, train_records, split.records, base, trainer,
+               draft_agreement(trainer.model, split.records), draft_agreement(broken.model, split.records), start,
+               losses)  # fmt: skip
+
+
+# ---------------------------------------------------------------- what the head reads
+
+
+def test_the_states_are_the_targets_own_lined_up_as_the_head_reads_them(run):
+    head = TrainableHead(run.target)
+    record = run.holdout[0]
+    example = examples_from_record(record)
+    batch = head_batch(head, [(record, example)])
+    with torch.no_grad():
+        logits = run.target.lm_head(run.target.model.norm(batch.states[0]))  # [seq, vocab]
+    # The state at the column that predicts output j gives the target's own choice of output j.
+    top1 = torch.from_numpy(record.target_topk_ids[:, 0])
+    assert torch.equal(logits[example.positions].argmax(-1), top1)
+    assert torch.equal(top1, torch.tensor(record.output_ids))  # greedy traffic
+    # Beside token t the head reads the state at t - 1; zeros before position 0.
+    assert torch.equal(batch.features[0, 1:], batch.states[0, :-1]) and not batch.features[0, 0].any()
+    assert len(head.states) == 1 and head.states.forwards == 1  # one target forward, kept with the record
+    head_batch(head, [(record, example)])
+    assert head.states.forwards == 1
+
+
+def test_a_head_that_is_a_one_layer_target_scores_one_at_every_chained_step():
+    target = llama(3, vocab=VOCAB, layers=1)
+    engine = Engine(target, "head", k=2, record_topk=8, eos_token_id=[])
+    rng = np.random.default_rng(1)
+    records = [
+        record_from_output(engine.generate(rng.integers(0, 16, 8).tolist(), max_new_tokens=16), request_id=f"r{i}",
+                           created_at=0.0, domain=None, target_id="tiny", draft_id="head", temperature=0.0)
+        for i in range(12)
+    ]  # fmt: skip
+    head = TrainableHead(target)
+    hidden = target.config.hidden_size
+    with torch.no_grad():  # the layer sees exactly the token's embedding, as the target's layer does
+        head.fuse.weight.copy_(torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1))
+    assert draft_agreement(head, records).greedy_match == 1.0
+    chain = head.chain_figures(records, depth=3)
+    assert chain["match"] == [1.0, 1.0, 1.0]
+    # Chains that start in the last two output positions run past the output: 12 x 16 chains in all.
+    assert chain["chains"] == 12 * 16 and chain["accepted_per_round"] == pytest.approx((14 * 3 + 2 + 1) / 16)
+
+
+def test_unrolled_steps_read_the_heads_own_previous_prediction():
+    target = llama(4, vocab=VOCAB, layers=2)
+    head = TrainableHead(target)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    features = torch.randn(2, 9, target.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        first, second = unrolled(head, ids, features, 2)
+        assert torch.allclose(first, head(ids, features), atol=1e-5)  # step 1 is the plain causal pass
+        # Step 2 at t = 5, by hand: keys of step 1 at 0..4, then its own input (P_1[4], token 5).
+        cache = _Cache()
+        head(ids[:, :5], features[:, :5], None, None, cache)
+        by_hand = head(ids[:, 5:6], first[:, 4:5], torch.tensor([[5], [5]]), None, cache)
+    assert torch.allclose(second[:, 5], by_hand[:, 0], atol=1e-5)
+
+
+class _Cache:
+    def __init__(self):
+        self.keys = self.values = None
+
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        self.keys = key if self.keys is None else torch.cat([self.keys, key], dim=2)
+        self.values = value if self.values is None else torch.cat([self.values, value], dim=2)
+        return self.keys, self.values
+
+
+# ---------------------------------------------------------------- learning
+
+
+def test_training_raises_heldout_agreement_and_lr0_changes_nothing(run):
+    chains = {
+        name: head.chain_figures(run.holdout, depth=2)
+        for name, head in [
+            ("start", HeadTrainer(TrainableHead(run.target), SETTINGS).head),
+            ("trained", run.trainer.head),
+        ]
+    }
+    print(f"\nheld-out {run.base.positions} positions\n  base    {run.base}\n  start   {run.start}\n"
+          f"  trained {run.trained}\n  lr=0    {run.broken}\n  chains  {chains}\n"
+          f"  loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")  # fmt: skip
+    assert run.broken == run.start  # AdamW at lr 0: the weights the trainer starts from
+    with adapters_disabled(run.trainer.model):  # LoRA off and the fuse back to [I | I]: the served base head
+        assert draft_agreement(run.trainer.model, run.holdout) == run.base
+    # Measured (seed 0, 120 steps): greedy match 0.36 (base) / 0.22 (start) -> 0.44; the second chained
+    # step 0.51 -> 0.73. The paired noise over ~1,000 positions is about 0.02.
+    assert run.trained.positions == run.base.positions >= 900
+    assert run.trained.greedy_match >= max(run.base.greedy_match, run.start.greedy_match) + 0.05
+    assert chains["trained"]["match"][1] >= chains["start"]["match"][1] + 0.08
+    assert np.mean(run.losses[-10:]) < 0.8 * np.mean(run.losses[:10])
+    assert Gate(min_positions=900).decide(run.trained, run.base)[0]
+
+
+def test_only_lora_and_the_fuse_train_and_the_target_is_untouched(run):
+    after = run.target.state_dict()
+    assert all(torch.equal(after[name], before) for name, before in run.weights_before.items())
+    assert not any("lora" in name for name, _ in run.target.named_modules())
+    trainable = [name for name, p in run.trainer.model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * 7 + 1  # A and B on the layer's 7 projections, and the fuse's trained copy
+    assert all(("lora_" in name and ".layer." in name) or name.endswith("fuse.modules_to_save.default.weight")
+               for name in trainable)  # fmt: skip
+    assert all(p.grad is None for p in run.target.parameters())
+
+
+def test_reset_and_restore_return_to_the_start_and_to_a_copy(run):
+    trainer, _ = train(run.target, run.train_records, SETTINGS, steps=3)
+    saved = trainer.lora_state()
+    trainer.train_step([examples_from_record(each) for each in run.train_records[:4]])
+    assert draft_agreement(trainer.model, run.holdout) != draft_agreement(_restored(trainer, saved), run.holdout)
+    trainer.restore(saved)
+    assert all(torch.equal(saved[name], p) for name, p in trainer.model.named_parameters() if p.requires_grad)
+    trainer.reset()
+    assert draft_agreement(trainer.model, run.holdout) == run.start
+
+
+def _restored(trainer: HeadTrainer, saved) -> torch.nn.Module:
+    copy = HeadTrainer(TrainableHead(trainer.head.states.target), SETTINGS)
+    copy.restore(saved)
+    return copy.model
+
+
+# ---------------------------------------------------------------- versions: save, serve, refuse
+
+
+def test_a_saved_version_reloads_into_a_trainer_with_the_same_figures(run, tmp_path):
+    path = run.trainer.save(tmp_path / "v1")
+    assert {"adapter_config.json", "adapter_model.safetensors", METADATA_FILE} <= {p.name for p in path.iterdir()}
+    metadata = AdapterDir(path).metadata()
+    assert metadata["draft_id"] == "head" and metadata["draft_config"]["kind"] == "head"
+    assert metadata["steps"] == STEPS and metadata["settings"]["unroll"] == 2
+    champion = HeadTrainer(TrainableHead(run.target), HeadSettings(r=4), init_adapter=path)
+    assert champion.settings.r == 8  # the version's own shape wins
+    assert draft_agreement(champion.model, run.holdout) == run.trained
+    with pytest.raises(ValueError, match="does not fit"):
+        HeadTrainer(TrainableHead(run.target), HeadSettings(r=4)).load(path)
+
+
+def test_the_engine_serves_a_version_as_the_trainer_trained_it_and_stays_lossless(run, tmp_path):
+    path = run.trainer.save(tmp_path / "v1")
+    engine = Engine(run.target, "head", eos_token_id=[])
+    prompts = [each.prompt_ids for each in run.holdout[:6]]
+    plain = [engine.generate(p, max_new_tokens=24, speculative=False).token_ids for p in prompts]
+    base = engine.generate_batch(prompts, max_new_tokens=24, k=3)
+    engine.load_adapter(path, "1")
+    served = engine.adapters.general.weights  # the DraftHead the drafter decodes with
+    batch = head_batch(run.trainer.head, [(r, examples_from_record(r)) for r in run.holdout[:3]])
+    with torch.no_grad():
+        assert torch.allclose(served(batch.input_ids, batch.features), run.trainer.head(batch.input_ids, batch.features),
+                              atol=1e-4)  # fmt: skip
+    outputs = engine.generate_batch(prompts, max_new_tokens=24, k=3)
+    assert [out.token_ids for out in outputs] == plain == [out.token_ids for out in base]
+    accepted = sum(out.stats.accepted for out in outputs) / sum(out.stats.drafted for out in outputs)
+    accepted_base = sum(out.stats.accepted for out in base) / sum(out.stats.drafted for out in base)
+    print(f"\nserved acceptance: base head {accepted_base:.3f}, version {accepted:.3f}")
+    assert accepted > accepted_base
+    assert {out.stats.adapter_version for out in outputs} == {"1"}
+
+
+def test_a_corrupt_or_mismatched_head_is_refused_and_the_served_one_stays(run, tmp_path):
+    good = AdapterDir(run.trainer.save(tmp_path / "good"))
+    good.seal(version=1)
+    engine = Engine(run.target, "head", eos_token_id=[])
+    engine.load_adapter(good.path, "1")
+
+    corrupt = AdapterDir(run.trainer.save(tmp_path / "corrupt"))
+    corrupt.seal(version=2)
+    data = bytearray(corrupt.weights.read_bytes())
+    data[-5] ^= 0xFF
+    corrupt.weights.write_bytes(bytes(data))
+    with pytest.raises(AdapterError) as refused:
+        engine.load_adapter(corrupt.path, "2")
+    assert refused.value.reason == "checksum"
+
+    make_adapter(run.target, 2, tmp_path / "early-exit", seed=3)  # an early-exit:2 adapter
+    with pytest.raises(AdapterError, match="head's layer"):
+        engine.load_adapter(tmp_path / "early-exit", "3")
+
+    wider = HeadTrainer(TrainableHead(llama(0, vocab=VOCAB, hidden=96)), HeadSettings(r=8)).save(tmp_path / "wider")
+    with pytest.raises(AdapterError, match=r"does not fit|the module is"):
+        engine.load_adapter(wider, "4")
+    assert engine.adapter_version == "1"  # every refusal left the served head in place
+
+    with pytest.raises(AdapterError):  # and a head version is not an early-exit adapter
+        Engine(run.target, "early-exit:2").load_adapter(good.path, "5")
