@@ -27,12 +27,15 @@ import torch
 
 from adaptive_spec.grammar import Matcher
 
+# A smaller one divides logits to infinity (5e-324 is a float > 0): NaN probabilities.
+MIN_REPETITION_PENALTY = 0.01
+
 
 @dataclass(frozen=True)
 class Penalties:
     frequency: float = 0.0  # OpenAI: -2 .. 2
     presence: float = 0.0  # OpenAI: -2 .. 2
-    repetition: float = 1.0  # Hugging Face / vLLM: > 0, 1 = off
+    repetition: float = 1.0  # Hugging Face / vLLM: in [MIN_REPETITION_PENALTY, 10], 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in -100 .. 100)
 
     @property
@@ -43,8 +46,8 @@ class Penalties:
         for name, value in (("frequency_penalty", self.frequency), ("presence_penalty", self.presence)):
             if not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        if not 0.0 < self.repetition <= 10.0:
-            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition}")
+        if not MIN_REPETITION_PENALTY <= self.repetition <= 10.0:
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 10], got {self.repetition}")
         for token, bias in self.logit_bias:
             if not 0 <= token < vocab_size:
                 raise ValueError(f"logit_bias: token id {token} is not in [0, {vocab_size})")

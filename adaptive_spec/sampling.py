@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+# A 64-bit signed seed, as OpenAI's; choice i of n draws from seed + i, which torch's generator still takes.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,6 +36,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and not (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**63 - 1], got {self.seed!r}")
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -20,8 +20,9 @@ refused with a 400 rather than ignored; unknown fields are ignored.
 Extensions:
 
 - `top_k` (an integer; 0 or -1 disables it), as vLLM accepts it.
-- `repetition_penalty` in (0, 10] (1 = off), as vLLM and transformers: the logit of a token already
+- `repetition_penalty` in [0.01, 10] (1 = off), as vLLM and transformers: the logit of a token already
   in the prompt or the output is divided by it when positive and multiplied by it when negative.
+  A tinier one would divide logits to infinity.
 - `adaptive_spec: {"log": false, "domain": "sql"}`:
   - `log: false` opts the request out of the correction log: no record of its prompt or output
     is written anywhere, and nothing of it reaches Redis (not even the dashboard's counters,
@@ -41,11 +42,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from adaptive_spec.constraints import MIN_REPETITION_PENALTY
 from adaptive_spec.engine import CHAT_ROLES, MAX_LOGPROBS, MAX_N
+from adaptive_spec.sampling import SEED_MAX, SEED_MIN
 
 MAX_STOPS = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_LOGIT_BIAS = 300  # entries of logit_bias; each is a row of the bias vector
+TOKEN_ID = "^[0-9]{1,9}$"  # a logit_bias key
 
 # OpenAI fields this server does not implement, and the values that mean "not used".
 _UNSUPPORTED = {
@@ -114,15 +118,15 @@ class _GenerationRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(None, ge=-1)
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt | None = Field(None, ge=1, le=MAX_N)
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    logit_bias: dict[str, Bias] | None = None
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=10.0)
+    logit_bias: dict[str, Bias] | None = Field(None, json_schema_extra={"propertyNames": {"pattern": TOKEN_ID}})
     response_format: ResponseFormat | None = None
     user: str | None = None
     adaptive_spec: AdaptiveSpecOptions = Field(default_factory=AdaptiveSpecOptions)
@@ -146,7 +150,7 @@ class _GenerationRequest(BaseModel):
         if len(bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}")
         for key in bias:
-            if not re.fullmatch(r"[0-9]{1,9}", key):
+            if not re.fullmatch(TOKEN_ID, key):
                 raise ValueError(f"keys must be token ids (strings of digits), got {key!r}")
         return bias
 

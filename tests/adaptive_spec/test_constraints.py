@@ -91,6 +91,8 @@ def test_bad_penalties_are_input_errors() -> None:
         (dict(frequency_penalty=2.5), "frequency_penalty"),
         (dict(presence_penalty=-3), "presence_penalty"),
         (dict(repetition_penalty=0), "repetition_penalty"),
+        (dict(repetition_penalty=5e-324), "repetition_penalty"),  # > 0, yet logits / 5e-324 overflow to inf
+        (dict(seed=2**64, temperature=1.0), "seed"),  # torch generators take 64 bits
         (dict(logit_bias={VOCAB: 1.0}), "logit_bias"),
         (dict(logit_bias={3: 101.0}), "logit_bias"),
         (dict(logprobs=21), "logprobs"),

@@ -3,13 +3,17 @@
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_fuzz.py -q -s   (about 60 s)
 
 schemathesis (4.x, driven from its Python API with hypothesis) reads /openapi.json from a live
-`adaptive-spec serve` on the tiny model with its chat tokenizer, so generated chat messages and
-text prompts reach the engine. For every operation it draws schema-valid cases (POSITIVE) and
-schema-violating ones (NEGATIVE: wrong types, missing fields, out-of-range numbers), derandomized
-so a run is reproducible (for the two generation routes also with the served model's name put in,
-so that cases get past the 404 and into the engine), and sends each with the admin token, against a real Redis and an empty
-MLflow registry on sqlite (so /admin answers 404/409 rather than "no registry"). Every response
-must be below 500 and arrive within 30 s; the count of cases is printed.
+`adaptive-spec serve` on the tiny model with a byte-level chat tokenizer (tests/service/tiny_bytes.py)
+that the grammar library can read, so generated chat messages, text prompts, penalties, logit
+biases, log-probability requests, n choices and response_format schemas (compiled by llguidance)
+reach the engine; each of those fields must be set in at least one answered case. For every
+operation it draws schema-valid cases (POSITIVE) and schema-violating ones (NEGATIVE: wrong types,
+missing fields, out-of-range numbers), derandomized so a run is reproducible. The two generation
+routes get two more passes: with the served model's name put in, so that cases get past the 404
+and into the engine, and with only the sampling fields generated, on a valid request. Each case
+is sent with the admin token, against a real Redis and an empty MLflow registry on sqlite (so
+/admin answers 404/409 rather than "no registry"). Every response must be below 500 and arrive
+within 30 s; the count of cases is printed.
 """
 
 from __future__ import annotations
@@ -26,19 +30,49 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL
+from support import MODEL, ServeProcess
+from tiny import tiny_target
+from tiny_bytes import tiny_byte_tokenizer
 
 pytestmark = pytest.mark.redis
 
 CASES_PER_OPERATION_AND_MODE = 50
 TOKEN = "fuzz-admin-token"
+# Fields of the generation routes that each must reach the engine, set, in some answered (200) case.
+ENGINE_FIELDS = ("n", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "response_format",
+                 "logprobs")  # fmt: skip
+# A valid request per generation route: the focused pass puts the generated sampling fields on it, so
+# that they are not lost among cases a wrong prompt already refuses.
+VALID_BODIES = {
+    "POST /v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    "POST /v1/completions": {"model": MODEL, "prompt": "Hello", "max_tokens": 4},
+}
+FOCUSED_FIELDS = (*ENGINE_FIELDS, "top_logprobs", "temperature", "top_p", "top_k", "seed", "stream", "stream_options")
+
+
+@pytest.fixture
+def json_model_dir(tmp_path):
+    """The tiny Llama with a byte-level chat tokenizer, which llguidance can compile grammars for."""
+    path = tmp_path / "tiny-bytes-model"
+    tiny_target(0).save_pretrained(path)
+    tiny_byte_tokenizer().save_pretrained(path)
+    return path
 
 
 def fuzz_operation(
-    operation, mode: GenerationMode, base_url: str, outcomes: Counter, slowest: list, served_model: str | None = None
+    operation,
+    mode: GenerationMode,
+    base_url: str,
+    outcomes: Counter,
+    slowest: list,
+    served_model: str | None = None,
+    reached: Counter | None = None,
+    focus: dict | None = None,
 ) -> None:
     """`served_model`: put the served model's name in every generated body, so cases get past the 404 for an
-    unknown model and into the engine (the schema cannot say which name exists)."""
+    unknown model and into the engine (the schema cannot say which name exists). `focus`: a valid body
+    that keeps only the generated FOCUSED_FIELDS. `reached` counts, per field of ENGINE_FIELDS, the
+    answered cases whose body set it (to anything but null, false, 0 or empty)."""
 
     @settings(
         max_examples=CASES_PER_OPERATION_AND_MODE,
@@ -50,12 +84,16 @@ def fuzz_operation(
     )
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case):
+        if focus is not None and isinstance(case.body, dict):
+            case.body = {**focus, **{k: v for k, v in case.body.items() if k in FOCUSED_FIELDS}}
         if served_model is not None and isinstance(case.body, dict):
             case.body["model"] = served_model
         started = time.monotonic()
         response = case.call(base_url=base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         took = time.monotonic() - started
         outcomes[(operation.label, response.status_code)] += 1
+        if reached is not None and response.status_code == 200 and isinstance(case.body, dict):
+            reached.update(name for name in ENGINE_FIELDS if case.body.get(name) not in (None, False, {}))
         slowest[0] = max(slowest[0], took)
         assert response.status_code < 500, (
             f"{operation.label} answered {response.status_code}: {response.text[:500]}\n{case.as_curl_command()}"
@@ -69,7 +107,7 @@ def fuzz_operation(
         outcomes[(operation.label, "no negative case")] += 0
 
 
-def test_openapi_fuzz_finds_no_5xx_and_no_hang(serve_process, redis_url, tmp_path):
+def test_openapi_fuzz_finds_no_5xx_and_no_hang(json_model_dir, redis_url, tmp_path):
     env = {
         "REDIS_URL": redis_url,
         "ADAPTIVE_SPEC_ADMIN_TOKEN": TOKEN,
@@ -77,19 +115,26 @@ def test_openapi_fuzz_finds_no_5xx_and_no_hang(serve_process, redis_url, tmp_pat
         "ADAPTIVE_SPEC_MAX_TOKENS": "16",
     }
     outcomes: Counter = Counter()
+    reached: Counter = Counter()
     slowest = [0.0]
-    with serve_process(env=env) as server:
+    server = ServeProcess(tmp_path, json_model_dir, env, [])
+    server.start()
+    try:
         schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
         operations = [result.ok() for result in schema.get_all_operations()]
         started = time.monotonic()
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 fuzz_operation(operation, mode, server.url, outcomes, slowest)
-                if operation.label.startswith("POST /v1/"):
-                    fuzz_operation(operation, mode, server.url, outcomes, slowest, served_model=MODEL)
+                if operation.label in VALID_BODIES:
+                    fuzz_operation(operation, mode, server.url, outcomes, slowest, MODEL, reached)
+                    focus = VALID_BODIES[operation.label]
+                    fuzz_operation(operation, mode, server.url, outcomes, slowest, MODEL, reached, focus)
         elapsed = time.monotonic() - started
         assert server.ready(), "the server must still answer /health after the fuzz"
         assert "Traceback" not in server.log(), server.log()[-3000:]
+    finally:
+        server.stop()
 
     by_operation = Counter()
     for (label, status), count in sorted(outcomes.items(), key=str):
@@ -109,3 +154,7 @@ def test_openapi_fuzz_finds_no_5xx_and_no_hang(serve_process, redis_url, tmp_pat
     assert max(status for _, status in outcomes if isinstance(status, int)) < 500
     generated = outcomes[("POST /v1/chat/completions", 200)] + outcomes[("POST /v1/completions", 200)]
     assert generated > 0, "no fuzz case reached the engine"
+    print(f"answered cases that set each engine field: {dict(reached)}")
+    assert set(reached) == set(ENGINE_FIELDS), (
+        f"fields that never reached the engine: {set(ENGINE_FIELDS) - set(reached)}"
+    )

@@ -394,6 +394,8 @@ BAD = [  # (what is wrong, body changes, param)
     ("presence_penalty under -2", {"presence_penalty": -3}, "presence_penalty"),
     ("presence_penalty not a number", {"presence_penalty": "high"}, "presence_penalty"),
     ("repetition_penalty zero", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("repetition_penalty denormal", {"repetition_penalty": 5e-324}, "repetition_penalty"),
+    ("seed past 64 bits", {"seed": 2**64, "temperature": 1.0}, "seed"),
     ("repetition_penalty over 10", {"repetition_penalty": 11}, "repetition_penalty"),
     ("logit_bias key not a token id", {"logit_bias": {"hello": 1}}, "logit_bias"),
     ("logit_bias negative id", {"logit_bias": {"-1": 1}}, "logit_bias"),
