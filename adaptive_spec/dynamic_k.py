@@ -28,9 +28,13 @@ of a target forward over as many rows (4.6 ms for one row, 7.1 ms for four):
   82 tok/s; k=2 gives 8.76 / (14.1 + 91.5) ms = 83 tok/s. So k = 0: a verify of 4 rows x 2
   tokens is compute-bound, and drafting no longer pays. At alpha = 0.9 it still does: k = 3
   gives 13.8 / (21.2 + 107) ms = 107 tok/s, 1.26x.
-- alpha = 0.06 (an untrained early exit): k = 0 at every batch size. Every `probe_every` plain
+- alpha = 0.06 (an untrained early exit): k = 0 at every batch size. After `probe_every` plain
   steps the batch drafts one token per row to keep measuring alpha, so a draft that gets better
-  is noticed.
+  is noticed. A probe is not free (a draft forward, the draft catching up on the context it
+  skipped, a verify over twice the tokens: about 10% of a plain step's worth at 8 rows when spread
+  over 16 steps), so each probe that still leaves drafting unpaid doubles the wait for the next
+  one, up to `probe_every * max_probe_backoff` steps; the wait starts over when drafting pays or
+  the draft changes (an adapter swap).
 
 Acceptance belongs to the text and to the adapter: the policy keeps an estimate per key, a
 (domain, adapter version) pair, so a chatty domain whose drafts do not pay does not drag down a
@@ -93,7 +97,8 @@ class StepCosts:
 @dataclass
 class DynamicK:
     k_max: int = 8
-    probe_every: int = 16  # plain steps between one-token probes while drafting does not pay
+    probe_every: int = 16  # plain steps before the first one-token probe while drafting does not pay
+    max_probe_backoff: int = 16  # the wait between probes doubles up to probe_every times this
     prior_draft_cost: float = 0.3  # a draft forward relative to a target forward over as many rows, until measured
     decay: float = 0.1  # weight of the newest observation in the moving averages
 
@@ -102,6 +107,7 @@ class DynamicK:
     engine_alpha: float = 0.5  # across requests and keys; where a row of an unseen key starts
     alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> acceptance estimate
     _plain_steps: int = 0
+    _probe_wait: int = 0  # plain steps before the next probe; 0: probe_every
 
     def alpha_for(self, key, prior: float | None = None) -> float:
         """Where a new row of this key starts: the key's estimate, else `prior` (the adapter's
@@ -131,12 +137,16 @@ class DynamicK:
             rate = tokens / (k * self.draft_s(drafting) + self.target_s(n * (k + 1)))
             if rate > best:
                 best_k, best = k, rate
-        if best_k == 0:
-            self._plain_steps += 1
-            if self._plain_steps >= self.probe_every:
-                self._plain_steps = 0
-                return 1
-        return best_k
+        if best_k > 0:
+            self._plain_steps, self._probe_wait = 0, 0
+            return best_k
+        self._plain_steps += 1
+        wait = self._probe_wait or self.probe_every
+        if self._plain_steps < wait:
+            return 0
+        self._plain_steps = 0
+        self._probe_wait = min(2 * wait, self.probe_every * self.max_probe_backoff)
+        return 1
 
     def observe_step(
         self,
@@ -181,5 +191,6 @@ class DynamicK:
         match), when known. A new adapter version is a new key (`alpha_for` takes its gated
         figure as the prior), so what was learnt of other keys stays."""
         self.draft = StepCosts(decay=self.decay)
+        self._plain_steps, self._probe_wait = 0, 0
         if expected_alpha is not None:
             self.engine_alpha = float(expected_alpha)

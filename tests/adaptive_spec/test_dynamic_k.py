@@ -165,12 +165,34 @@ def test_rows_that_may_not_draft_count_one_token_each() -> None:
 # --- probing --------------------------------------------------------------------------------------
 
 
+def plain_steps_before_each_probe(policy: DynamicK, alpha: float, probes: int) -> list[int]:
+    gaps, plain = [], 0
+    while len(gaps) < probes:
+        k = policy.choose([alpha], [8])
+        assert k in (0, 1)
+        if k:
+            gaps.append(plain)
+            plain = 0
+        else:
+            plain += 1
+    return gaps
+
+
 @pytest.mark.parametrize("probe_every", [16, 4])
-def test_probes_one_token_after_probe_every_plain_steps(probe_every: int) -> None:
-    policy = DynamicK(probe_every=probe_every)
-    for _ in range(3):  # the pattern repeats: the count restarts after each probe
-        assert [policy.choose([0.06], [8]) for _ in range(probe_every - 1)] == [0] * (probe_every - 1)
-        assert policy.choose([0.06], [8]) == 1
+def test_probes_one_token_after_probe_every_plain_steps_then_backs_off(probe_every: int) -> None:
+    policy = DynamicK(probe_every=probe_every, max_probe_backoff=8)
+    # Each probe that leaves drafting unpaid doubles the wait, up to probe_every x 8.
+    expected = [probe_every - 1, 2 * probe_every - 1, 4 * probe_every - 1] + [8 * probe_every - 1] * 3
+    assert plain_steps_before_each_probe(policy, 0.06, 6) == expected
+
+
+def test_the_probe_wait_starts_over_when_drafting_pays_or_the_draft_changes() -> None:
+    policy = DynamicK(probe_every=4, max_probe_backoff=8)
+    assert plain_steps_before_each_probe(policy, 0.06, 3) == [3, 7, 15]
+    assert policy.choose([0.9], [8]) >= 1  # a row that pays
+    assert plain_steps_before_each_probe(policy, 0.06, 2) == [3, 7]
+    policy.new_draft(None)  # an adapter swap
+    assert plain_steps_before_each_probe(policy, 0.06, 1) == [3]
 
 
 def test_no_probe_while_drafting_pays() -> None:
