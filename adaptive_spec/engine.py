@@ -30,13 +30,12 @@ from adaptive_spec import attention, cpu_linear
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
-from adaptive_spec.drafters import Drafter
-from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.build import make_drafter, model_drafter, vocab_size
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.head import HeadDrafter
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
-from adaptive_spec.drafters.spec import DraftSpec, DraftSpecError, parse_draft_spec
+from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
@@ -77,8 +76,8 @@ class Engine:
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
         self.tokenizer = tokenizer
-        self.vocab_size = _vocab_size(target)
-        self.drafter = _make_drafter(draft, target, self.vocab_size, self.device)
+        self.vocab_size = vocab_size(target)
+        self.drafter = make_drafter(draft, target, self.vocab_size, self.device)
         core = self.drafter.model if isinstance(self.drafter, FreeFirstDrafter) else self.drafter  # the model draft
         for model in (self.target, core.model) if isinstance(core, ModelDrafter) else (self.target,):
             cpu_linear.install(model)  # fp32 on the CPU only (cpu_linear.applies): ~2x faster decoding steps
@@ -116,7 +115,7 @@ class Engine:
             draft_model, _ = load_model(spec.source, dev, dt)
             if spec.free_first:
                 draft_model = FreeFirstDrafter(
-                    NgramDrafter(spec.max_ngram, dev), _model_drafter(draft_model, _vocab_size(model), spec.source)
+                    NgramDrafter(spec.max_ngram, dev), model_drafter(draft_model, vocab_size(model), spec.source)
                 )
         return cls(
             model,
@@ -434,11 +433,6 @@ def _tokens_until_stop(engine: Engine, out: list[int], stops: tuple[str, ...]) -
     return len(out)
 
 
-def _vocab_size(model) -> int:
-    head = model.get_output_embeddings()
-    return head.weight.shape[0] if head is not None else model.config.vocab_size
-
-
 def _eos_ids(model, tokenizer, override) -> set[int]:
     if override is not None:
         return {override} if isinstance(override, int) else set(override)
@@ -450,39 +444,3 @@ def _eos_ids(model, tokenizer, override) -> set[int]:
         elif isinstance(value, (list, tuple)):
             found.update(v for v in value if isinstance(v, int))
     return found
-
-
-def _make_drafter(draft, target, vocab_size: int, device: torch.device) -> Drafter | None:
-    if draft is None:
-        return None
-    if isinstance(draft, str):
-        spec = parse_draft_spec(draft)
-        if spec.kind == "ngram":
-            return NgramDrafter(spec.max_ngram, device)
-        if spec.kind == "early-exit":
-            drafter = ModelDrafter(
-                build_early_exit(target, spec.layers), name=str(DraftSpec("early-exit", spec.layers))
-            )
-        elif spec.kind == "head":
-            drafter = HeadDrafter(target)
-        else:
-            raise DraftSpecError(
-                f"unknown draft spec {draft!r}: use early-exit:N, head, ngram, ngram:N, ngram+<draft>, or a model "
-                f"(Engine.from_pretrained loads a draft model by name)"
-            )
-        return FreeFirstDrafter(NgramDrafter(spec.max_ngram, device), drafter) if spec.free_first else drafter
-    if isinstance(draft, torch.nn.Module):
-        return _model_drafter(draft, vocab_size, type(draft).__name__)
-    if hasattr(draft, "propose"):
-        return draft
-    raise DraftSpecError(f"draft must be a spec string, a model or a Drafter, got {type(draft).__name__}")
-
-
-def _model_drafter(draft: torch.nn.Module, vocab_size: int, name: str) -> ModelDrafter:
-    draft_vocab = _vocab_size(draft)
-    if draft_vocab != vocab_size:
-        raise DraftSpecError(
-            f"the draft's vocabulary has {draft_vocab} tokens and the target's {vocab_size}; a separate "
-            f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)"
-        )
-    return ModelDrafter(draft.eval().requires_grad_(False), name=name)

@@ -67,7 +67,8 @@ from trainer.champion import Champion, RegistryChampion, agreement
 from trainer.checkpoint import latest_checkpoint, read_records, write_checkpoint
 from trainer.distill import DraftTrainer, LoraSettings
 from trainer.gate import Gate, GateFigures
-from trainer.head_distill import HeadTrainer, TrainableHead
+from trainer.head_distill import HeadTrainer
+from trainer.head_model import TrainableHead
 from trainer.intake import StreamIntake
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion, VersionDirs

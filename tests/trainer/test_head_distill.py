@@ -36,7 +36,8 @@ from adaptive_spec.record import CorrectionRecord, record_from_output
 from trainer.buffer import HoldoutSplit
 from trainer.distill import examples_from_record
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
-from trainer.head_distill import HeadSettings, HeadTrainer, TrainableHead, head_batch, unrolled
+from trainer.head_distill import HeadSettings, HeadTrainer
+from trainer.head_model import TrainableHead, head_batch, unrolled
 
 # pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))

@@ -1,0 +1,256 @@
+"""The head as the trainer holds it: `TrainableHead` (a DraftHead that reads the target's hidden
+states and scores itself for the gate), the target's states per record (`TargetStates`), padded
+batches of examples with their states (`head_batch`), and the head unrolled on its own predictions
+(`unrolled`). Trained by trainer/head_distill.py; the module docstring there says what the head
+reads and how it learns.
+
+    head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I]
+    head.gate_figures(records)                      # GateFigures of its first draft token
+    head.chain_figures(records, depth=4)            # how it does on its own states, step by step
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from adaptive_spec.drafters.head import DraftHead
+from adaptive_spec.record import CorrectionRecord
+from trainer.distill import TrainingExample, collate, examples_from_record, micro_batches
+from trainer.gate import GateFigures, Tally
+
+FUSE_PROBE_TOKENS = 64  # the fixed probe that sets the fuse's embedding scale
+
+
+class TargetStates:
+    """The target's hidden state entering its final norm at every position of a sequence, from one
+    target forward, kept as long as the object it belongs to (an example, a held-out record) lives.
+
+    Example: a record of a 90-token prompt and a 64-token output trains on 153 input tokens; one
+    target forward over them gives `[153, hidden]` states, kept in fp16 (176 KB on the default model).
+    """
+
+    def __init__(self, target, dtype: torch.dtype = torch.float16) -> None:
+        self.target = target
+        self.dtype = dtype
+        self.forwards = 0
+        self.tokens = 0
+        self.seconds = 0.0
+        self._kept: dict[int, torch.Tensor] = {}  # id(owner) -> [seq, hidden]; dropped when the owner is
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def of(self, owner, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [seq] -> the target's states [seq, hidden] (float32), computed once per owner.
+
+        Kept by the owner's identity (records compare by value and do not hash) until it is collected.
+        """
+        key = id(owner)
+        states = self._kept.get(key)
+        if states is None or states.shape[0] != input_ids.shape[0]:
+            states = self._forward(input_ids)
+            if key not in self._kept:
+                weakref.finalize(owner, self._kept.pop, key, None)
+            self._kept[key] = states
+        return states.float()
+
+    @torch.no_grad()
+    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        decoder = self.target.model
+        with _final_norm_input(decoder) as captured:
+            decoder(input_ids=input_ids[None].to(decoder.embed_tokens.weight.device), use_cache=False)
+        self.forwards += 1
+        self.tokens += int(input_ids.shape[0])
+        self.seconds += time.perf_counter() - started
+        return captured[0][0].to(self.dtype).cpu()  # [seq, hidden]
+
+
+@contextmanager
+def _final_norm_input(decoder) -> Iterator[list[torch.Tensor]]:
+    """What enters `decoder.norm` during the block, from this thread only: the serving engine may run
+    the same target in another thread meanwhile (bench-drift, up)."""
+    captured: list[torch.Tensor] = []
+    owner = threading.get_ident()
+
+    def hook(module, args):
+        if threading.get_ident() == owner:
+            captured.append(args[0])
+
+    handle = decoder.norm.register_forward_pre_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+class TrainableHead(DraftHead):
+    """A `DraftHead` as the trainer holds it: with the target whose states it reads (`states`, not a
+    submodule), so that the gate can score it (`gate_figures`) like any draft model."""
+
+    def __init__(self, target, state_dtype: torch.dtype = torch.float16) -> None:
+        super().__init__(target)
+        self.states = TargetStates(target, state_dtype)
+        self.embedding_scale = _embedding_scale(self, target)
+
+    def gate_figures(self, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048,
+                     max_seq_len: int = 1024) -> GateFigures:  # fmt: skip
+        """The gate's figures of the head's first draft token, teacher-forced on the target's true
+        states (trainer/gate.py), with the head's adapters in whatever state they are in."""
+        tally = Tally()
+        with torch.inference_mode():
+            for batch in _head_batches(self, records, batch_tokens, max_seq_len):
+                predicted = self(batch.input_ids, batch.features)  # [b, seq, hidden]
+                tally.add(self.logits(predicted[batch.rows, batch.cols]), batch.target_topk_ids,
+                          batch.target_topk_logprobs)  # fmt: skip
+        return tally.figures()
+
+    def chain_figures(self, records: Iterable[CorrectionRecord | TrainingExample], depth: int = 4,
+                      batch_tokens: int = 2048, max_seq_len: int = 1024) -> dict:  # fmt: skip
+        """How the head does when it drafts `depth` tokens on its own states, greedily, teacher-forced.
+
+        Every output position starts a chain: step 1 reads the target's true state, step j > 1 the
+        head's own prediction of step j - 1. `match` is the greedy match of step j alone (given that
+        the steps before it were right); `accepted_per_round` the mean number of leading steps that
+        match the target's top-1, i.e. the drafts a greedy verify of k = depth would accept.
+        Example: match [0.6, 0.5], chains of (1, 1), (1, 0), (0, -): accepted_per_round = (2 + 1 + 0) / 3.
+        """
+        hits = [0] * depth
+        tried = [0] * depth
+        accepted, chains = 0, 0
+        with torch.inference_mode():
+            for batch in _head_batches(self, records, batch_tokens, max_seq_len):
+                steps = unrolled(self, batch.input_ids, batch.features, depth)
+                top1 = torch.full_like(batch.input_ids, -1)  # [b, seq]: -1 off the output positions
+                best = batch.target_topk_logprobs.argmax(-1, keepdim=True)
+                top1[batch.rows, batch.cols] = batch.target_topk_ids.gather(-1, best)[:, 0]
+                run = torch.ones_like(batch.accepted)  # [positions]: every step so far matched
+                for j, predicted in enumerate(steps):
+                    cols = batch.cols + j  # step j + 1 of the chain that starts at col predicts the output at col + j
+                    inside = cols < batch.input_ids.shape[1]
+                    rows, cols = batch.rows[inside], cols[inside]
+                    wanted = top1[rows, cols]
+                    drafted = self.logits(predicted[rows, cols]).argmax(-1)
+                    valid = wanted >= 0
+                    hit, alive = torch.zeros_like(run), torch.zeros_like(run)
+                    hit[inside] = (drafted == wanted) & valid
+                    alive[inside] = valid
+                    tried[j] += int((run & alive).sum())
+                    hits[j] += int((run & hit).sum())
+                    run &= hit
+                    accepted += int(run.sum())
+                chains += len(batch.rows)
+        return {
+            "depth": depth,
+            "match": [h / t if t else math.nan for h, t in zip(hits, tried, strict=True)],
+            "accepted_per_round": accepted / chains if chains else math.nan,
+            "chains": chains,
+        }
+
+
+@dataclass
+class HeadBatch:
+    """Examples padded on the right with the target's states beside each token."""
+
+    input_ids: torch.Tensor  # [b, seq] int64, 0-padded
+    features: torch.Tensor  # [b, seq, hidden]: the target's state at t - 1 beside token t (zeros at t = 0)
+    states: torch.Tensor  # [b, seq, hidden]: the target's state at t, what the head predicts there
+    real: torch.Tensor  # [b, seq] bool: not padding
+    rows: torch.Tensor  # [positions] int64: which example
+    cols: torch.Tensor  # [positions] int64: which input index predicts the output position
+    target_topk_ids: torch.Tensor  # [positions, m] int64
+    target_topk_logprobs: torch.Tensor  # [positions, m] float32, -inf where padded
+    accepted: torch.Tensor  # [positions] bool
+
+
+def head_batch(head: TrainableHead, group: list[tuple[object, TrainingExample]]) -> HeadBatch:
+    """One padded batch of (owner of the states, example) pairs."""
+    batch = collate([example for _, example in group])
+    b, seq = batch.input_ids.shape
+    device = head.fuse.weight.device
+    states = torch.zeros(b, seq, head.config.hidden_size)
+    for row, (owner, example) in enumerate(group):
+        states[row, : example.num_tokens] = head.states.of(owner, example.input_ids)
+    features = torch.cat([torch.zeros(b, 1, states.shape[-1]), states[:, :-1]], dim=1)
+    return HeadBatch(
+        batch.input_ids.to(device),
+        features.to(device),
+        states.to(device),
+        batch.attention_mask.bool().to(device),
+        batch.rows.to(device),
+        batch.cols.to(device),
+        batch.target_topk_ids.to(device),
+        batch.target_topk_logprobs.to(device),
+        batch.accepted.to(device),
+    )
+
+
+def _head_batches(head: TrainableHead, records, batch_tokens: int, max_seq_len: int) -> Iterator[HeadBatch]:
+    """Records (their states kept with each record) or examples, in padded batches of `batch_tokens`."""
+    pairs = [
+        (each, each if isinstance(each, TrainingExample) else examples_from_record(each, max_seq_len))
+        for each in records
+    ]
+    owners = {id(example): owner for owner, example in pairs}
+    examples = [example for _, example in pairs if example.num_positions]
+    for group in micro_batches(examples, batch_tokens):
+        yield head_batch(head, [(owners[id(example)], example) for example in group])
+
+
+def unrolled(head: DraftHead, input_ids: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """The head's predicted states `[b, seq, hidden]` for draft steps 1..depth at every position.
+
+    Step 1 at position t reads (features[t], token t): the target's state at t - 1. Step j > 1 at t
+    belongs to the chain that started at t - j + 1: it reads (its own step j - 1 prediction at t - 1,
+    token t) and attends to step 1's keys at positions up to t - j + 1 (fed with true states, as the
+    head's cache holds them when it drafts) and to steps 2..j of the same chain. Example, depth 2,
+    t = 5: step 2 reads (P_1[4], token 5) and attends to step 1's keys 0..4 and to its own.
+    """
+    b, seq = input_ids.shape
+    device = input_ids.device
+    positions = torch.arange(seq, device=device)[None].expand(b, seq)  # [b, seq]
+    cache = _KeyValueStack()
+    steps = [head(input_ids, features, positions, None, cache)]  # causal over the width
+    keys = torch.arange(seq, device=device)
+    for j in range(2, depth + 1):
+        fed = torch.cat([torch.zeros_like(steps[-1][:, :1]), steps[-1][:, :-1]], dim=1)  # [b, seq, hidden]
+        blocks = [keys[None, :] <= (keys - (j - 1))[:, None]]  # step 1: true-state keys of the chain's context
+        blocks += [keys[None, :] == (keys - (j - i))[:, None] for i in range(2, j + 1)]  # this chain's own steps
+        mask = torch.cat(blocks, dim=1)[None, None]  # [1, 1, seq, j * seq], True = attend
+        steps.append(head(input_ids, fed, positions, mask, cache))
+    return steps
+
+
+class _KeyValueStack:
+    """A one-layer cache for `unrolled`: each pass appends its keys and values after the last pass's."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None  # [b, kv_heads, passes * seq, head_dim]
+        self.values: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.keys is None:
+            self.keys, self.values = key_states, value_states
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=2)
+            self.values = torch.cat([self.values, value_states], dim=2)
+        return self.keys, self.values
+
+
+def _embedding_scale(head: DraftHead, target) -> float:
+    """Typical RMS of the target's states over that of its embeddings, on a fixed probe sequence
+    (token ids 1..64 of the vocabulary, positions 1 on: position 0 holds an attention sink)."""
+    vocab = head.shared.embed.weight.shape[0]
+    probe = torch.arange(1, FUSE_PROBE_TOKENS + 1) % vocab
+    states = TargetStates(target, torch.float32)._forward(probe)[1:]  # [probe - 1, hidden]
+    state_rms = states.pow(2).mean(-1).sqrt().median()
+    embed_rms = head.shared.embed.weight.detach().float().pow(2).mean(-1).sqrt().median()
+    return float(state_rms / embed_rms.clamp_min(1e-12))
