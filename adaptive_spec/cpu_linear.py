@@ -18,14 +18,25 @@ output stays the target's own (the real-model equality tests run with it).
     from adaptive_spec import cpu_linear
     cpu_linear.install(model)   # every fp32 nn.Linear of `model` on the CPU; returns how many
 
-Applied by `Engine` to the target and the draft when they are fp32 on the CPU; set
-ADAPTIVE_SPEC_CPU_LINEAR=0 to turn it off (e.g. to measure the difference). Prefill-sized
-inputs and anything that needs gradients (the trainer) take the stock path.
+Which order is faster depends on the CPU and its BLAS, so the first model large enough to be
+memory-bound (`CALIBRATE_BYTES` of fp32 linear weights) is timed both ways at install, once per
+process (about 2 s on the default model, logged at INFO): its linears' weights in sequence, as a decoding step
+reads them, at 1 / 2 / 3 / 4 / 6 / 8 / 12 / 16 rows. Each row count then takes the order that
+was faster (counts between two measured take the lower one's choice). On a later machine the
+table flipped: `nn.Linear` took 44 / 35 / 51 / 62 ms at 1 / 2 / 3 / 4 rows against 93 / 78 / 91 / 93
+ms this way, so calibration keeps the stock path there. `choices()` shows what was chosen.
+
+Applied by `Engine` to the target and the draft when they are fp32 on the CPU.
+ADAPTIVE_SPEC_CPU_LINEAR=0 turns it off, =1 takes (W @ x.T).T at every row count without
+timing, =auto (the default) calibrates. Prefill-sized inputs and anything that needs gradients
+(the trainer) take the stock path.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import types
 
 import torch
@@ -33,10 +44,26 @@ import torch.nn.functional as F
 from torch import nn
 
 MAX_ROWS = 16  # beyond this (prefill), the stock GEMM is as fast or faster
+CALIBRATE_BYTES = 64 * 2**20  # fp32 linear weights past this stream from memory: time both orders
+CALIBRATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+log = logging.getLogger(__name__)
+# rows -> whether (W @ x.T).T is used; all True until a calibration says otherwise.
+_transposed = dict.fromkeys(range(1, MAX_ROWS + 1), True)
+_calibrated = False
+
+
+def _mode() -> str:
+    return os.environ.get("ADAPTIVE_SPEC_CPU_LINEAR", "auto").strip().lower()
 
 
 def enabled() -> bool:
-    return os.environ.get("ADAPTIVE_SPEC_CPU_LINEAR", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _mode() not in ("0", "false", "no", "off")
+
+
+def choices() -> dict[int, bool]:
+    """Row count -> whether it takes (W @ x.T).T (True) or the stock `nn.Linear` order (False)."""
+    return dict(_transposed)
 
 
 def applies(weight: torch.Tensor) -> bool:
@@ -48,7 +75,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """`F.linear(x, weight, bias)` for inputs of at most MAX_ROWS rows, computed as (W @ x.T).T."""
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if n > MAX_ROWS or torch.is_grad_enabled() or x.dtype != weight.dtype:
+    if n > MAX_ROWS or not _transposed[max(n, 1)] or torch.is_grad_enabled() or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     # Row-major rows in, row-major rows out: a transposed result fed to the next layer would hand
     # MKL the other operand layout, which costs 1.4x at 2-5 rows.
@@ -71,9 +98,39 @@ def install(model: nn.Module) -> int:
     The new forward is bound to each module instance, so `copy.deepcopy` of a layer (early-exit
     drafts, adapter slots) carries it over to the copy.
     """
-    count = 0
-    for module in model.modules():
-        if type(module) is nn.Linear and applies(module.weight):
-            module.forward = types.MethodType(_forward, module)
-            count += 1
-    return count
+    linears = [m for m in model.modules() if type(m) is nn.Linear and applies(m.weight)]
+    if _mode() == "auto" and not _calibrated and sum(m.weight.numel() * 4 for m in linears) >= CALIBRATE_BYTES:
+        calibrate([m.weight for m in linears])
+    for module in linears:
+        module.forward = types.MethodType(_forward, module)
+    return len(linears)
+
+
+@torch.inference_mode()
+def calibrate(weights: list[torch.Tensor], reps: int = 1) -> dict[int, bool]:
+    """Time a pass over `weights` both ways at each of CALIBRATE_ROWS and keep the faster order
+    per row count, for every later product in this process."""
+    global _calibrated
+    started = time.perf_counter()
+    width = {w.shape[1] for w in weights}
+    inputs = {(rows, d): torch.randn(rows, d) for rows in CALIBRATE_ROWS for d in width}
+    faster = {}
+    for rows in CALIBRATE_ROWS:
+        timings = {}
+        for transposed in (True, False, True, False):  # interleaved: a drifting machine hits both alike
+            _transposed[rows] = transposed
+            best = timings.get(transposed, float("inf"))
+            for _ in range(reps):
+                began = time.perf_counter()
+                for w in weights:
+                    skinny_linear(inputs[rows, w.shape[1]], w)
+                best = min(best, time.perf_counter() - began)
+            timings[transposed] = best
+        faster[rows] = timings[True] < timings[False]
+    for rows in range(1, MAX_ROWS + 1):
+        _transposed[rows] = faster[max(r for r in CALIBRATE_ROWS if r <= rows)]
+    _calibrated = True
+    log.info("cpu_linear: (W @ x.T).T at rows %s, nn.Linear at rows %s (calibrated in %.1f s)",
+             [r for r, t in _transposed.items() if t], [r for r, t in _transposed.items() if not t],
+             time.perf_counter() - started)  # fmt: skip
+    return choices()

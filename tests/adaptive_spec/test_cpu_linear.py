@@ -57,3 +57,29 @@ def test_turned_off_by_the_environment(monkeypatch):
     layer = nn.Linear(8, 4)
     assert not cpu_linear.applies(layer.weight)
     assert cpu_linear.install(layer) == 0 and "forward" not in vars(layer)
+
+
+def test_calibration_picks_an_order_per_row_count_and_both_orders_give_linear(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_linear, "_transposed", dict(cpu_linear._transposed))  # restored after the test
+    monkeypatch.setattr(cpu_linear, "_calibrated", False)
+    weights = [torch.randn(96, 64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    chosen = cpu_linear.calibrate(weights)
+    assert set(chosen) == set(range(1, cpu_linear.MAX_ROWS + 1)) and cpu_linear._calibrated
+    for rows in (1, 5, 16):  # between two measured counts, the lower one's choice
+        lower = max(r for r in cpu_linear.CALIBRATE_ROWS if r <= rows)
+        assert chosen[rows] == chosen[lower]
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        for order in (True, False):
+            cpu_linear._transposed[5] = order
+            assert torch.allclose(cpu_linear.skinny_linear(x, weights[0]), F.linear(x, weights[0]), atol=1e-5)
+
+
+def test_a_small_model_is_not_timed_and_off_means_the_stock_path(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_linear, "_calibrated", False)
+    calls = []
+    monkeypatch.setattr(cpu_linear, "calibrate", lambda weights: calls.append(len(weights)))
+    cpu_linear.install(nn.Linear(8, 8))  # far below CALIBRATE_BYTES
+    assert calls == []
+    monkeypatch.setenv("ADAPTIVE_SPEC_CPU_LINEAR", "0")
+    assert cpu_linear.install(nn.Linear(8, 8)) == 0
