@@ -238,7 +238,63 @@ def position_losses(draft_logits: torch.Tensor, target_topk_ids: torch.Tensor, t
     return (torch.xlogy(target_probs, target_probs) - target_probs * draft_at_topk).sum(-1)
 
 
-class DraftTrainer:
+class TrainedWeights:
+    """What DraftTrainer and HeadTrainer share: loading a saved version into the PEFT model, copies of
+    the trained weights, resetting LoRA and the optimiser. Needs `model`, `settings`, `_params`."""
+
+    model: object
+    settings: LoraSettings
+    _params: list
+
+    def _load_version(self, adapter_dir: Path, shape: tuple[str, ...], trained: tuple[str, ...], what: str) -> None:
+        """Load the weights saved in adapter_dir; ValueError if its `shape` fields differ from ours or
+        it does not cover every parameter whose name holds one of `trained`. The optimiser starts afresh."""
+        saved = LoraConfig.from_pretrained(str(adapter_dir))
+        ours = self.model.peft_config["default"]
+        mismatched = [(f, getattr(saved, f), getattr(ours, f)) for f in shape
+                      if _comparable(getattr(saved, f)) != _comparable(getattr(ours, f))]  # fmt: skip
+        if mismatched:
+            raise ValueError(f"{what} {adapter_dir} does not fit this trainer: (field, saved, ours) {mismatched}")
+        result = set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir), device="cpu"))
+        missing = [key for key in result.missing_keys if any(part in key for part in trained)]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"{what} {adapter_dir} does not match: missing {missing[:3]}, "
+                             f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
+        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
+        self.optimizer = self._new_optimizer()
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the trained weights, to come back to with `restore`."""
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def restore(self, lora_state: dict[str, torch.Tensor]) -> None:
+        """The weights of a `lora_state()` copy, with the optimiser's moments cleared."""
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if parameter.requires_grad:
+                    parameter.copy_(lora_state[name])
+        self.optimizer.state.clear()
+
+    def _reset_lora(self) -> None:
+        """LoRA's A as PEFT draws it (seeded), B = 0; call inside torch.no_grad()."""
+        from peft.tuners.lora import LoraLayer
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.settings.seed)
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer):
+                    for name in module.lora_A:
+                        module.reset_lora_parameters(name, True)
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self._params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+
+
+def _comparable(value):
+    return sorted(value) if isinstance(value, (list, tuple, set)) else value
+
+
+class DraftTrainer(TrainedWeights):
     """A LoRA adapter on the draft and its optimiser.
 
     Start from scratch (LoRA's B = 0, so the untrained adapter leaves the draft exactly as it was)
@@ -355,48 +411,13 @@ class DraftTrainer:
         ValueError if the adapter's shape differs from this trainer's (rank, alpha, modules) or
         its weights do not cover every LoRA layer.
         """
-        adapter_dir = Path(adapter_dir)
-        saved = LoraConfig.from_pretrained(str(adapter_dir))
-        ours = self.model.peft_config["default"]
-        shape = ("r", "lora_alpha", "target_modules")
-        mismatched = [(f, getattr(saved, f), getattr(ours, f)) for f in shape if getattr(saved, f) != getattr(ours, f)]
-        if mismatched:
-            raise ValueError(f"adapter {adapter_dir} does not fit this trainer: (field, saved, ours) {mismatched}")
-        result = set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir), device="cpu"))
-        missing = [key for key in result.missing_keys if "lora_" in key]
-        if missing or result.unexpected_keys:
-            raise ValueError(f"adapter {adapter_dir} does not match the draft: missing {missing[:3]}, "
-                             f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
-        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
-        self.optimizer = self._new_optimizer()
-
-    def lora_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the LoRA weights, to come back to with `restore`."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
-
-    def restore(self, lora_state: dict[str, torch.Tensor]) -> None:
-        """The LoRA weights of a `lora_state()` copy, with the optimiser's moments cleared."""
-        with torch.no_grad():
-            for name, parameter in self.model.named_parameters():
-                if parameter.requires_grad:
-                    parameter.copy_(lora_state[name])
-        self.optimizer.state.clear()
+        self._load_version(Path(adapter_dir), ("r", "lora_alpha", "target_modules"), ("lora_",), "adapter")
 
     def reset(self) -> None:
-        """LoRA as it started: A as PEFT draws it (seeded), B = 0, so the draft is the base draft again;
-        the optimiser's moments cleared."""
-        from peft.tuners.lora import LoraLayer
-
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(self.settings.seed)
-            for module in self.model.modules():
-                if isinstance(module, LoraLayer):
-                    for name in module.lora_A:
-                        module.reset_lora_parameters(name, True)
+        """LoRA as it started (B = 0: the base draft again); the optimiser's moments cleared."""
+        with torch.no_grad():
+            self._reset_lora()
         self.optimizer.state.clear()
-
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self._params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
 
     def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
         """[positions] float32 from [positions] bool."""

@@ -66,12 +66,12 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from peft.utils import load_peft_weights, set_peft_model_state_dict
 
 from adaptive_spec.adapters import AdapterDir
 from trainer.distill import (
     METADATA_FORMAT,
     LoraSettings,
+    TrainedWeights,
     TrainingExample,
     micro_batches,
     position_losses,
@@ -103,7 +103,7 @@ def _smooth_l1_scaled(predicted: torch.Tensor, states: torch.Tensor) -> torch.Te
     return loss.mean(-1)
 
 
-class HeadTrainer:
+class HeadTrainer(TrainedWeights):
     """LoRA on a `TrainableHead`'s layer, its fuse trained whole, and the optimiser; the interface of
     `DraftTrainer` (train_step, save, load, lora_state, restore, reset, records_used, tokens_used)."""
 
@@ -250,45 +250,13 @@ class HeadTrainer:
         ValueError if the version's shape differs from this trainer's (rank, alpha, modules) or it
         does not cover every LoRA layer and the fuse.
         """
-        adapter_dir = Path(adapter_dir)
-        saved = LoraConfig.from_pretrained(str(adapter_dir))
-        ours = self.model.peft_config["default"]
         shape = ("r", "lora_alpha", "target_modules", "modules_to_save")
-        mismatched = [(f, getattr(saved, f), getattr(ours, f)) for f in shape
-                      if _comparable(getattr(saved, f)) != _comparable(getattr(ours, f))]  # fmt: skip
-        if mismatched:
-            raise ValueError(f"head version {adapter_dir} does not fit this trainer: (field, saved, ours) {mismatched}")
-        result = set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir), device="cpu"))
-        missing = [key for key in result.missing_keys if "lora_" in key or "modules_to_save" in key]
-        if missing or result.unexpected_keys:
-            raise ValueError(f"head version {adapter_dir} does not match the head: missing {missing[:3]}, "
-                             f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
-        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
-        self.optimizer = self._new_optimizer()
-
-    def lora_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the trained weights (LoRA and the fuse), to come back to with `restore`."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
-
-    def restore(self, lora_state: dict[str, torch.Tensor]) -> None:
-        """The weights of a `lora_state()` copy, with the optimiser's moments cleared."""
-        with torch.no_grad():
-            for name, parameter in self.model.named_parameters():
-                if parameter.requires_grad:
-                    parameter.copy_(lora_state[name])
-        self.optimizer.state.clear()
+        self._load_version(Path(adapter_dir), shape, ("lora_", "modules_to_save"), "head version")
 
     def reset(self) -> None:
-        """As it started: LoRA's A as PEFT draws it (seeded), B = 0, the fuse at its starting value;
-        the optimiser's moments cleared."""
-        from peft.tuners.lora import LoraLayer
-
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(self.settings.seed)
-            for module in self.model.modules():
-                if isinstance(module, LoraLayer):
-                    for name in module.lora_A:
-                        module.reset_lora_parameters(name, True)
+        """As it started: LoRA reset (B = 0), the fuse at its starting value; the optimiser's moments cleared."""
+        with torch.no_grad():
+            self._reset_lora()
             self._fuse.weight.copy_(self._fuse_start)
         self.optimizer.state.clear()
 
@@ -299,13 +267,6 @@ class HeadTrainer:
         eye = torch.eye(hidden, dtype=weight.dtype, device=weight.device)
         return torch.cat([eye, self.head.embedding_scale * eye], dim=1)
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self._params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
-
     def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
         """[positions] float32 from [positions] bool."""
         return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()
-
-
-def _comparable(value):
-    return sorted(value) if isinstance(value, (list, tuple, set)) else value
