@@ -216,7 +216,7 @@ def feed(
     width = max(fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     positions, mask = cache.inputs(rows, fed, width)
-    with _capture_final_norm_input(model, hidden) as captured:
+    with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
             states = decoder(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
@@ -232,9 +232,10 @@ def feed(
 
 
 @contextmanager
-def _capture_final_norm_input(model, active: bool):
+def capture_final_norm_input(model, active: bool = True):
     """Collect what enters `model`'s final norm during the block (this thread's calls only: an
-    early-exit draft shares the norm and may run in another thread)."""
+    early-exit draft shares the norm and may run in another thread; the head trainer runs the
+    serving engine's target in its own)."""
     captured: list[torch.Tensor] = []
     if not active:
         yield captured

@@ -239,12 +239,36 @@ def position_losses(draft_logits: torch.Tensor, target_topk_ids: torch.Tensor, t
 
 
 class TrainedWeights:
-    """What DraftTrainer and HeadTrainer share: loading a saved version into the PEFT model, copies of
-    the trained weights, resetting LoRA and the optimiser. Needs `model`, `settings`, `_params`."""
+    """What DraftTrainer and HeadTrainer share: the optimiser and counters (`_start`), loading a saved
+    version into the PEFT model, copies of the trained weights, resetting LoRA. Needs `model` and
+    `settings`, then `_start`."""
 
     model: object
     settings: LoraSettings
     _params: list
+
+    def _start(self, init_adapter: str | Path | None) -> None:
+        """Once `model` is built: the optimiser over its trainable weights, the counters, and the
+        version to start from (`load`), if any."""
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._new_optimizer()
+        self.steps = 0
+        self.positions_trained = 0  # with repeats: a replayed example counts each time
+        self._records: dict[str, int] = {}  # request_id -> output positions, for records_used / tokens_used
+        self.init_adapter = str(init_adapter) if init_adapter is not None else None
+        self.parent_metadata: dict | None = None
+        if init_adapter is not None:
+            self.load(init_adapter)
+
+    @property
+    def records_used(self) -> int:
+        """Distinct records (request ids) trained on so far."""
+        return len(self._records)
+
+    @property
+    def tokens_used(self) -> int:
+        """Output positions of those distinct records."""
+        return sum(self._records.values())
 
     def _load_version(self, adapter_dir: Path, shape: tuple[str, ...], trained: tuple[str, ...], what: str) -> None:
         """Load the weights saved in adapter_dir; ValueError if its `shape` fields differ from ours or
@@ -327,25 +351,7 @@ class DraftTrainer(TrainedWeights):
         trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
         if not trainable or any("lora_" not in name for name in trainable):
             raise AssertionError(f"only LoRA weights may train, found {[n for n in trainable if 'lora_' not in n][:3]}")
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = self._new_optimizer()
-        self.steps = 0
-        self.positions_trained = 0  # with repeats: a replayed example counts each time
-        self._records: dict[str, int] = {}  # request_id -> output positions, for records_used / tokens_used
-        self.init_adapter = str(init_adapter) if init_adapter is not None else None
-        self.parent_metadata: dict | None = None
-        if init_adapter is not None:
-            self.load(init_adapter)
-
-    @property
-    def records_used(self) -> int:
-        """Distinct records (request ids) trained on so far."""
-        return len(self._records)
-
-    @property
-    def tokens_used(self) -> int:
-        """Output positions of those distinct records."""
-        return sum(self._records.values())
+        self._start(init_adapter)
 
     def train_step(self, examples: Iterable[TrainingExample]) -> float:
         """One optimiser step on these examples; returns the weighted mean loss over their positions.

@@ -140,25 +140,7 @@ class HeadTrainer(TrainedWeights):
         self._fuse_start = self._initial_fuse()
         with torch.no_grad():
             self._fuse.weight.copy_(self._fuse_start)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = self._new_optimizer()
-        self.steps = 0
-        self.positions_trained = 0
-        self._records: dict[str, int] = {}
-        self.init_adapter = str(init_adapter) if init_adapter is not None else None
-        self.parent_metadata: dict | None = None
-        if init_adapter is not None:
-            self.load(init_adapter)
-
-    @property
-    def records_used(self) -> int:
-        """Distinct records (request ids) trained on so far."""
-        return len(self._records)
-
-    @property
-    def tokens_used(self) -> int:
-        """Output positions of those distinct records."""
-        return sum(self._records.values())
+        self._start(init_adapter)
 
     @property
     def states(self) -> TargetStates:

@@ -12,16 +12,15 @@ reads and how it learns.
 from __future__ import annotations
 
 import math
-import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from adaptive_spec.drafters.head import DraftHead
+from adaptive_spec.kv import capture_final_norm_input
 from adaptive_spec.record import CorrectionRecord
 from trainer.distill import TrainingExample, collate, examples_from_record, micro_batches
 from trainer.gate import GateFigures, Tally
@@ -66,30 +65,12 @@ class TargetStates:
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         decoder = self.target.model
-        with _final_norm_input(decoder) as captured:
+        with capture_final_norm_input(self.target) as captured:
             decoder(input_ids=input_ids[None].to(decoder.embed_tokens.weight.device), use_cache=False)
         self.forwards += 1
         self.tokens += int(input_ids.shape[0])
         self.seconds += time.perf_counter() - started
         return captured[0][0].to(self.dtype).cpu()  # [seq, hidden]
-
-
-@contextmanager
-def _final_norm_input(decoder) -> Iterator[list[torch.Tensor]]:
-    """What enters `decoder.norm` during the block, from this thread only: the serving engine may run
-    the same target in another thread meanwhile (bench-drift, up)."""
-    captured: list[torch.Tensor] = []
-    owner = threading.get_ident()
-
-    def hook(module, args):
-        if threading.get_ident() == owner:
-            captured.append(args[0])
-
-    handle = decoder.norm.register_forward_pre_hook(hook)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 class TrainableHead(DraftHead):
