@@ -1,9 +1,11 @@
 """Prompt files: JSON Lines, one `{"prompt": "..."}` or `{"messages": [...]}` per line.
 
-An optional `"domain"` tag travels with the request into its correction record and metrics.
+An optional `"domain"` tag travels with the request into its correction record and metrics, and
+an optional `"response_format"` (OpenAI's shape) constrains the output, as on the HTTP API.
 
     {"messages": [{"role": "user", "content": "Name three rivers."}], "domain": "chat"}
     {"prompt": "def fibonacci(n):", "domain": "python"}
+    {"messages": [...], "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {...}}}}
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 class PromptItem:
     prompt: str | list[dict]  # text, or chat messages
     domain: str | None = None
+    response_format: dict | None = None  # checked by the engine (grammar.py), as a request's would be
 
 
 class PromptFileError(ValueError):
@@ -31,6 +34,14 @@ def shipped(name: str) -> Path:
         names = sorted(p.stem for p in path.parent.glob("*.jsonl"))
         raise PromptFileError(f"no shipped prompt set {name!r}; shipped: {', '.join(names)}")
     return path
+
+
+def prompt_source(value: str | Path) -> Path:
+    """A prompt file's path, or the name of a shipped set (`json_schema`) when no such file exists."""
+    path = Path(value)
+    if path.is_file() or path.suffix or len(path.parts) > 1:
+        return path  # a missing file gets load_prompts' error
+    return shipped(str(value))
 
 
 def load_prompts(path: str | Path) -> list[PromptItem]:
@@ -58,8 +69,13 @@ def _item(row, where: str) -> PromptItem:
     domain = row.get("domain")
     if domain is not None and not isinstance(domain, str):
         raise PromptFileError(f"{where}: 'domain' must be a string")
+    response_format = row.get("response_format")
+    if response_format is not None and not (
+        isinstance(response_format, dict) and isinstance(response_format.get("type"), str)
+    ):
+        raise PromptFileError(f"{where}: 'response_format' must be an object with a 'type', as in OpenAI's API")
     if isinstance(row.get("prompt"), str) and row["prompt"]:
-        return PromptItem(row["prompt"], domain)
+        return PromptItem(row["prompt"], domain, response_format)
     messages = row.get("messages")
     if (
         isinstance(messages, list)
@@ -69,7 +85,7 @@ def _item(row, where: str) -> PromptItem:
             for m in messages
         )
     ):
-        return PromptItem(messages, domain)
+        return PromptItem(messages, domain, response_format)
     raise PromptFileError(
         f"{where}: expected a non-empty 'prompt' string or a 'messages' list of {{'role': ..., 'content': ...}} objects"
     )

@@ -12,6 +12,9 @@ which (re)writes these JSON Lines files, one
 * ``json_extraction.jsonl``, ``sql.jsonl``, ``python.jsonl``, ``casual_chat.jsonl`` --
   400 prompts each for the drift benchmark, built from templates x slot values so
   that answers are structurally alike within a domain while their contents differ.
+* ``json_schema.jsonl`` -- the prompts of ``json_extraction.jsonl``, in the same order, each with
+  a ``response_format`` whose JSON schema requires exactly the keys the prompt asks for (domain
+  ``json_extraction``): structured outputs for ``adaptive-spec bench``.
 
 An optional argument names a different output directory
 (``.venv/bin/python scripts/make_prompts.py OUT_DIR``).
@@ -554,12 +557,46 @@ JSON_FRAMES = [
 ]
 
 
-def _json_prompt(index: int, rng: Rng) -> str:
+def _json_prompt_and_fields(index: int, rng: Rng) -> tuple[str, list[str]]:
     label, text, fields = JSON_KINDS[index % len(JSON_KINDS)](rng)
     fields = rng.subset_in_order(fields, 4)
     quote = rng.choice(['"{}"', "{}"])
     field_list = ", ".join(quote.format(f) for f in fields)
-    return rng.choice(JSON_FRAMES).format(fields=field_list, text=text, label=label)
+    return rng.choice(JSON_FRAMES).format(fields=field_list, text=text, label=label), fields
+
+
+def _json_prompt(index: int, rng: Rng) -> str:
+    return _json_prompt_and_fields(index, rng)[0]
+
+
+# A value as the prompts allow it: text, a number, true/false, null ("Use null for anything
+# missing") or a list of strings (a review's pros and cons).
+JSON_VALUE = {
+    "anyOf": [{"type": ["string", "number", "boolean", "null"]}, {"type": "array", "items": {"type": "string"}}]
+}
+
+
+def json_schema_format(fields: list[str]) -> dict:
+    """OpenAI's response_format asking for an object with exactly `fields`."""
+    schema = {
+        "type": "object",
+        "properties": {field: JSON_VALUE for field in fields},
+        "required": fields,
+        "additionalProperties": False,
+    }
+    return {"type": "json_schema", "json_schema": {"name": "extraction", "schema": schema}}
+
+
+def build_json_schema_rows(seed: int) -> list[tuple[str, dict]]:
+    """The json_extraction prompts (same seed, same order), each with its response_format."""
+    fields_of: dict[str, list[str]] = {}
+
+    def builder(index: int, rng: Rng) -> str:
+        text, fields = _json_prompt_and_fields(index, rng)
+        fields_of[text] = fields
+        return text
+
+    return [(text, json_schema_format(fields_of[text])) for text in build_domain(builder, seed)]
 
 
 # --------------------------------------------------------------------------- sql
@@ -1196,17 +1233,20 @@ def build_domain(builder: Callable[[int, Rng], str], seed: int, count: int = DOM
     return prompts
 
 
-def _record(content: str, domain: str) -> str:
+def _record(content: str, domain: str, response_format: dict | None = None) -> str:
     obj = {"messages": [{"role": "user", "content": content}], "domain": domain}
+    if response_format is not None:
+        obj["response_format"] = response_format
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _write(path: Path, prompts: list[str], domain: str) -> None:
+def _write(path: Path, prompts: list[str], domain: str, formats: list[dict] | None = None) -> None:
     assert len(set(prompts)) == len(prompts), f"{path.name}: duplicate prompts"
     for p in prompts:
         assert p.strip(), f"{path.name}: empty prompt"
         assert len(p) <= MAX_CHARS, f"{path.name}: prompt over {MAX_CHARS} chars: {p[:80]!r}"
-    data = "".join(_record(p, domain) + "\n" for p in prompts)
+    formats = formats or [None] * len(prompts)
+    data = "".join(_record(p, domain, f) + "\n" for p, f in zip(prompts, formats, strict=True))
     path.write_bytes(data.encode("utf-8"))
 
 
@@ -1223,6 +1263,10 @@ def main(out_dir: str | Path | None = None) -> dict[str, int]:
         prompts = build_domain(builder, SEED + offset)
         _write(out / f"{stem}.jsonl", prompts, domain)
         counts[f"{stem}.jsonl"] = len(prompts)
+
+    rows = build_json_schema_rows(SEED + DOMAIN_BUILDERS["json_extraction"][2])
+    _write(out / "json_schema.jsonl", [text for text, _ in rows], "json_extraction", [f for _, f in rows])
+    counts["json_schema.jsonl"] = len(rows)
     return counts
 
 

@@ -137,7 +137,9 @@ def run_drift(
         for item in bar:
             if time.monotonic() > traffic_deadline:
                 break
-            out = engine.generate(item.prompt, settings.max_new_tokens, k=settings.k)
+            out = engine.generate(
+                item.prompt, settings.max_new_tokens, k=settings.k, response_format=item.response_format
+            )
             writer.log(  # as the server logs a finished request
                 out,
                 request_id=uuid.uuid4().hex,

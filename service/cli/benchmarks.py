@@ -20,6 +20,7 @@ from service.cli.options import (
     load_engine,
     model_options,
     positive_int,
+    prompt_file,
     raise_input,
     redis_url,
     resolve_adapter,
@@ -41,7 +42,12 @@ def add_commands(commands) -> None:
         default="json_extraction",
         help="a shipped prompt set: json_extraction, sql, python, casual_chat (default: %(default)s)",
     )
-    drift.add_argument("--prompts", type=Path, help="a JSONL prompt file instead of a shipped domain; split internally")
+    drift.add_argument(
+        "--prompts",
+        type=prompt_file,
+        help="a JSONL prompt file (or a shipped set's name, such as json_schema) instead of a shipped domain; "
+        "split internally",
+    )
     drift.add_argument(
         "--budget-minutes", type=float, default=30.0, help="bound on the whole run (default: %(default)s)"
     )
@@ -115,7 +121,9 @@ def add_commands(commands) -> None:
         "first token p50/p99, time per output token, errors, and whether every greedy output equals the target "
         "alone's. Prints a table; --json and --plot write the figures. See service/benchmarks/serve.py.",
     )
-    serve.add_argument("--prompts", type=Path, help="JSONL prompt file (default: the shipped chat set)")
+    serve.add_argument(
+        "--prompts", type=prompt_file, help="a JSONL prompt file or a shipped set's name (default: chat)"
+    )
     serve.add_argument("--concurrency", type=k_list, default=(1, 2, 4, 8), metavar="N[,N...]", help="default: 1,2,4,8")
     serve.add_argument(
         "--duration-s", type=float, default=60.0, help="per configuration and level (default: %(default)s)"

@@ -11,7 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-from service.cli.options import adapter_option, load_engine, model_options, positive_int, raise_input, write_json
+from service.cli.options import (
+    adapter_option,
+    load_engine,
+    model_options,
+    positive_int,
+    prompt_file,
+    raise_input,
+    write_json,
+)
 
 
 def add_commands(commands) -> None:
@@ -24,7 +32,11 @@ def add_commands(commands) -> None:
     gen.add_argument(
         "--raw", action="store_true", help="send the text as is, without the chat template (default: as a user message)"
     )
-    gen.add_argument("--prompts", type=Path, help="a JSONL prompt file: generate for each prompt in turn")
+    gen.add_argument(
+        "--prompts",
+        type=prompt_file,
+        help="a JSONL prompt file, or a shipped set's name (chat, json_schema, ...): generate for each prompt in turn",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0, help="0 disables it")
@@ -42,7 +54,12 @@ def add_commands(commands) -> None:
         description="Time the target alone, our speculative engine and the Hugging Face assisted-generation peer "
         "on the same prompts in one run, and check that every output equals the target alone's.",
     )
-    bench.add_argument("--prompts", type=Path, help="JSONL prompt file (default: the shipped chat set)")
+    bench.add_argument(
+        "--prompts",
+        type=prompt_file,
+        help="a JSONL prompt file or a shipped set's name: chat (the default), json_extraction, sql, python, "
+        "casual_chat, or json_schema (json_extraction's prompts, each with a JSON schema as its response_format)",
+    )
     bench.add_argument(
         "--num-prompts", type=positive_int, default=8, help="use the first N prompts (default: %(default)s)"
     )
@@ -76,6 +93,8 @@ def cmd_generate(args) -> int:
             k=args.k,
             stop=args.stop,
             speculative=not args.no_speculative,
+            domain=item.domain,
+            response_format=item.response_format,
         )
         if args.json:
             out = engine.generate(item.prompt, **kwargs)

@@ -44,6 +44,16 @@ def k_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def prompt_file(text: str) -> Path:
+    """--prompts: a JSONL file, or the name of a shipped prompt set."""
+    from adaptive_spec.prompts import PromptFileError, prompt_source
+
+    try:
+        return prompt_source(text)
+    except PromptFileError as exc:
+        raise argparse.ArgumentTypeError(f"no file {text!r}, and {exc}") from None
+
+
 def model_options(parser: argparse.ArgumentParser) -> None:
     """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift)."""
     group = parser.add_argument_group("models")

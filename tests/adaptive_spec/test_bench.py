@@ -47,3 +47,22 @@ def test_bench_figures(k):
     assert math.isclose(figures["ttft_ratio"], figures["ttft_spec_s"] / figures["ttft_target_s"])
     assert 1.0 <= figures["mean_acceptance_length"] <= (k or 8) + 1
     assert "time to first token" in format_report(figures)
+
+
+def test_prompts_with_a_response_format_run_constrained_on_both_paths_and_skip_the_hf_peer():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+    from tiny_bytes import tiny_byte_tokenizer
+
+    tokenizer = tiny_byte_tokenizer()
+    engine = Engine(tiny_target(0), "early-exit:1", tokenizer, eos_token_id=tokenizer.eos_token_id)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    items = [PromptItem("one", response_format=fmt), PromptItem("two", response_format={"type": "json_object"})]
+    figures = run_bench(engine, items, max_new_tokens=12, k=2, progress=False)
+    assert figures["constrained_prompts"] == 2 and figures["identical"] is True
+    assert "hf_assisted_tok_s" not in figures and "no HF peer" in format_report(figures)
+    assert figures["drafted"] > 0  # the constrained path speculates too
+    # Constrained means the grammar steered the output: the tiny random model alone writes no JSON.
+    free = engine.generate("one", 12, k=2)
+    shaped = engine.generate("one", 12, k=2, response_format=fmt)
+    assert shaped.text.startswith("{") and free.text != shaped.text

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
+
+from adaptive_spec.grammar import Grammars
+from adaptive_spec.prompts import PromptFileError, load_prompts, prompt_source, shipped
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO / "adaptive_spec" / "data"
@@ -19,7 +24,9 @@ EXPECTED = {
     "sql.jsonl": ("sql", 300),
     "python.jsonl": ("python", 300),
     "casual_chat.jsonl": ("casual_chat", 300),
+    "json_schema.jsonl": ("json_extraction", 300),
 }
+WITH_FORMAT = {"json_schema.jsonl"}  # lines that also carry a response_format
 MAX_CHARS = 600
 
 
@@ -35,7 +42,8 @@ def _user_contents(path: Path) -> list[str]:
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         where = f"{path.name}:{lineno}"
         obj = json.loads(line)
-        assert set(obj) == {"messages", "domain"}, where
+        keys = {"messages", "domain", "response_format"} if path.name in WITH_FORMAT else {"messages", "domain"}
+        assert set(obj) == keys, where
         messages = obj["messages"]
         assert isinstance(messages, list) and len(messages) == 1, where
         assert messages[0]["role"] == "user", where
@@ -68,3 +76,48 @@ def test_generator_reproduces_shipped_files(tmp_path: Path) -> None:
         assert fresh == (DATA_DIR / name).read_bytes(), (
             f"{name} differs from its generator; run .venv/bin/python scripts/make_prompts.py"
         )
+
+
+def test_json_schema_prompts_are_json_extractions_own_each_asking_for_its_keys() -> None:
+    """Same prompts, same order (bench-drift's held-out split picks the same ones), and every schema
+    requires exactly the keys its prompt names, compiles, and accepts an answer with those keys."""
+    sys.path.insert(0, str(REPO / "tests" / "service"))
+    from tiny_bytes import tiny_byte_tokenizer
+
+    plain, structured = load_prompts(shipped("json_extraction")), load_prompts(prompt_source("json_schema"))
+    assert [item.prompt for item in structured] == [item.prompt for item in plain]
+    grammars = Grammars(tiny_byte_tokenizer(), 112, eos_ids={2})
+    for item in structured:
+        schema = item.response_format["json_schema"]["schema"]
+        assert item.domain == "json_extraction" and schema["additionalProperties"] is False
+        assert schema["required"] and all(key in item.prompt[0]["content"] for key in schema["required"])
+        jsonschema.validate(dict.fromkeys(schema["required"], "x"), schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**dict.fromkeys(schema["required"], "x"), "extra": 1}, schema)
+    for item in structured[:8]:  # compiling is 1-3 ms each; the same shape throughout
+        grammars.compile(item.response_format)
+
+
+@pytest.mark.parametrize(
+    ("line", "phrase"),
+    [
+        ('{"prompt": "hi", "response_format": "json"}', "'response_format' must be an object with a 'type'"),
+        ('{"prompt": "hi", "response_format": {"schema": {}}}', "'response_format' must be an object with a 'type'"),
+        ('{"prompt": "hi", "domain": 3}', "'domain' must be a string"),
+        ('{"messages": []}', "expected a non-empty 'prompt'"),
+    ],
+)
+def test_a_malformed_line_is_named_in_the_error(tmp_path: Path, line: str, phrase: str) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(PromptFileError, match=rf"p\.jsonl:2: .*{phrase}"):
+        load_prompts(path)
+
+
+def test_a_prompt_source_is_a_file_or_a_shipped_name(tmp_path: Path) -> None:
+    assert prompt_source("json_schema") == shipped("json_schema")
+    (tmp_path / "json_schema").write_text('{"prompt": "mine"}\n')  # a file of that name wins
+    assert prompt_source(tmp_path / "json_schema") == tmp_path / "json_schema"
+    assert prompt_source("missing.jsonl") == Path("missing.jsonl")  # load_prompts names it
+    with pytest.raises(PromptFileError, match="shipped: casual_chat, chat, json_extraction, json_schema"):
+        prompt_source("nosuch")
