@@ -95,6 +95,26 @@ class StepCosts:
 
 
 @dataclass
+class Acceptance:
+    """Drafted tokens accepted, counted with fading memory, from a starting figure.
+
+    estimate = (accepted + prior * m) / (drafted + m), where m pseudo-tokens stand for the prior:
+    the mean of a Beta posterior whose old evidence decays by `keep` per new token.
+    """
+
+    prior: float
+    accepted: float = 0.0
+    drafted: float = 0.0
+
+    def observe(self, accepted: int, drafted: int, keep: float) -> None:
+        self.accepted = keep * self.accepted + accepted
+        self.drafted = keep * self.drafted + drafted
+
+    def estimate(self, prior_trials: float) -> float:
+        return (self.accepted + self.prior * prior_trials) / (self.drafted + prior_trials)
+
+
+@dataclass
 class DynamicK:
     k_max: int = 8
     probe_every: int = 16  # plain steps before the first one-token probe while drafting does not pay
@@ -104,8 +124,10 @@ class DynamicK:
 
     target: StepCosts = field(default_factory=StepCosts)  # by tokens fed
     draft: StepCosts = field(default_factory=StepCosts)  # one draft forward, by rows fed
-    engine_alpha: float = 0.5  # across requests and keys; where a row of an unseen key starts
-    alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> acceptance estimate
+    prior_trials: float = 2.0  # how many drafted tokens a key's starting figure counts for
+    window: int = 200  # drafted tokens a key's estimate remembers (older evidence fades)
+    overall: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # across requests and keys
+    alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> Acceptance
     _plain_steps: int = 0
     _probe_wait: int = 0  # plain steps before the next probe; 0: probe_every
 
@@ -113,8 +135,13 @@ class DynamicK:
         """Where a new row of this key starts: the key's estimate, else `prior` (the adapter's
         gated acceptance), else the engine-wide estimate."""
         if key in self.alphas:
-            return self.alphas[key]
+            return self.alphas[key].estimate(self.prior_trials)
         return self.engine_alpha if prior is None else float(prior)
+
+    @property
+    def engine_alpha(self) -> float:
+        """The engine-wide estimate: where a row of an unseen key without a gated figure starts."""
+        return self.overall.estimate(self.prior_trials)
 
     def target_s(self, tokens: int) -> float:
         measured = self.target.estimate(tokens)
@@ -173,16 +200,20 @@ class DynamicK:
         """A row of `key` drafted k and num_accepted were kept: its new acceptance estimate.
 
         The step is evidence on num_accepted successes and, if one was rejected, a failure.
-        Weighted so that a draft which got better is noticed within a few probes: from alpha
-        0.05, two accepted one-token probes give 0.34, then 0.54, and k = 1 pays.
+        The row's own estimate is weighted so that a draft which got better is noticed within a
+        few probes: from alpha 0.05, two accepted one-token probes give 0.34, then 0.54, and
+        k = 1 pays. The key's estimate, where its next rows start, is the share accepted over the
+        last `window` drafted tokens, with its starting figure counted as `prior_trials` tokens:
+        a draft that misses is believed after a dozen tokens, not after a hundred (an untrained
+        draft then stops drafting in the first request or two, not the first dozen).
         """
         if not k:
             return alpha
         trials = num_accepted + (num_accepted < k)
         observed = num_accepted / trials
-        weight = min(1.0, 0.25 * trials) * self.decay
-        self.engine_alpha = _ema(self.engine_alpha, observed, weight)
-        self.alphas[key] = _ema(self.alphas.get(key, alpha), observed, weight)
+        keep = (1.0 - 1.0 / self.window) ** trials
+        self.overall.observe(num_accepted, trials, keep)
+        self.alphas.setdefault(key, Acceptance(alpha)).observe(num_accepted, trials, keep)
         return _ema(alpha, observed, min(0.5, 0.3 * trials))
 
     def new_draft(self, expected_alpha: float | None) -> None:
@@ -193,4 +224,4 @@ class DynamicK:
         self.draft = StepCosts(decay=self.decay)
         self._plain_steps, self._probe_wait = 0, 0
         if expected_alpha is not None:
-            self.engine_alpha = float(expected_alpha)
+            self.overall = Acceptance(float(expected_alpha))

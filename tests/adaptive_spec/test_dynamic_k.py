@@ -324,3 +324,34 @@ def test_a_catch_up_forward_is_not_billed_as_a_draft_step() -> None:
     assert policy.draft.estimate(1) is None
     policy.observe_step(rows=1, width=2, verify_s=0.011, draft_rows=1, draft_forwards=1, draft_s=0.012)
     assert policy.draft_s(1) == pytest.approx(0.012)
+
+
+def test_a_draft_that_misses_is_believed_by_the_next_requests_of_its_key() -> None:
+    """An untrained draft (acceptance ~0.06): a request drafts until its own estimate says stop,
+    and the key's estimate, where the next request starts, learns from it, so by the third
+    request the key decodes plainly from the first step (it used to start near 0.5 for a dozen
+    requests, each paying a few rejected drafts)."""
+    policy, key = docstring_policy(), ("chat", None)
+    drafted_steps = []
+    for _ in range(3):
+        alpha, steps = policy.alpha_for(key), 0
+        while policy.choose([alpha], [8]):
+            alpha = policy.observe_row(alpha, 1, 0, key)
+            steps += 1
+        drafted_steps.append(steps)
+    assert drafted_steps[0] <= 4 and drafted_steps[1] <= 1 and drafted_steps[2] == 0, drafted_steps
+    # And a key that does pay is not dragged down by it: its rows start from their own figure.
+    good = ("python", None)
+    for _ in range(20):
+        policy.observe_row(0.8, 3, 3, good)
+    assert policy.alpha_for(good) > 0.9 and policy.choose([policy.alpha_for(good)], [8]) >= 3
+
+
+def test_a_keys_estimate_is_the_recent_share_accepted() -> None:
+    policy, key = DynamicK(window=100), ("d", "v1")
+    for _ in range(300):  # 3 windows at 0.25 ...
+        policy.observe_row(0.5, 4, 1, key)  # 1 accepted then a rejection: 2 trials, 1 success
+    assert policy.alpha_for(key) == pytest.approx(0.5, abs=0.01)
+    for _ in range(300):  # ... then the draft improves: the old evidence fades
+        policy.observe_row(0.5, 4, 4, key)
+    assert policy.alpha_for(key) > 0.95
