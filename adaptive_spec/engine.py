@@ -22,6 +22,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -93,6 +94,7 @@ class Engine:
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
         self._grammars: Grammars | None = None  # built on the first structured request (grammar.py)
+        self._home_thread = threading.get_ident()  # the thread that loaded the models
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
         self._batches: weakref.WeakSet[Batch] = weakref.WeakSet()  # open batches, told when the draft changes
 
@@ -253,10 +255,15 @@ class Engine:
         from adaptive_spec import adapters
 
         drafter = self._adaptable_drafter()
-        config, tensors, metadata = adapters.read_adapter(path)
-        weights = drafter.build_weights(config, tensors)
-        vocab = drafter.new_vocab()
-        vocab.restrict(adapters.read_vocab(path, self.vocab_size))
+        # Off the thread that built the engine (a watcher, a trainer), the build runs on one OpenMP
+        # thread: a thread that runs a parallel region keeps a team of workers while it lives, and
+        # once they outnumber the CPUs every region of every decoding step waits for a wake-up
+        # (service/worker.py; 41 -> 70 ms per token on 2 cores after one build on another thread).
+        with nullcontext() if threading.get_ident() == self._home_thread else _one_torch_thread():
+            config, tensors, metadata = adapters.read_adapter(path)
+            weights = drafter.build_weights(config, tensors)
+            vocab = drafter.new_vocab()
+            vocab.restrict(adapters.read_vocab(path, self.vocab_size))
         gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
         version = version or str(metadata.get("version", Path(path).name))
         nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
@@ -422,6 +429,17 @@ class Engine:
         if self.tokenizer is None:
             raise InputError(f"{what} need a tokenizer; this engine has none, so pass token ids")
         return self.tokenizer
+
+
+@contextmanager
+def _one_torch_thread():
+    """torch work on this thread with one OpenMP thread; the default is restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _tokens_until_stop(engine: Engine, out: list[int], stops: tuple[str, ...]) -> int:

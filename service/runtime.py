@@ -20,7 +20,7 @@ from service.metrics import ServiceMetrics, StatsCollector
 from service.settings import Settings
 from service.stats_store import StatsRecorder
 from service.watcher import open_registry, start_watcher
-from service.worker import EngineWorker, Job
+from service.worker import EngineWorker, Job, engine_thread
 from trainer.registry import AdapterRegistry
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class Service:
         writer: CorrectionLogWriter | None,
         stats: StatsRecorder | None = None,
         registry: AdapterRegistry | None = None,
+        thread=None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -43,7 +44,9 @@ class Service:
         self.registry = registry  # the adapter registry when one is configured (service/watcher.py open_registry)
         self.watcher = None  # follows the registry's champion alias and hot-swaps the adapter
         self.started_at = int(time.time())
-        self.worker = EngineWorker(engine, settings.queue_size, settings.max_batch, on_end=self.request_ended)
+        self.worker = EngineWorker(
+            engine, settings.queue_size, settings.max_batch, on_end=self.request_ended, thread=thread
+        )
         self.metrics = ServiceMetrics(engine, self.worker, writer)
         self.worker.on_step = self.metrics.observe_step
         if stats is not None:
@@ -52,21 +55,29 @@ class Service:
 
     @classmethod
     def start(cls, settings: Settings, engine: Engine | None = None) -> Service:
-        """Load the models (unless an engine is given), start the writer and the worker. Blocking."""
-        if engine is None:
-            log.info("loading %s with draft %s", settings.target, settings.draft)
-            engine = Engine.from_pretrained(
-                settings.target,
-                settings.draft,
-                device=settings.device,
-                dtype=settings.dtype,
-                k=settings.k,
-                record_topk=settings.record_topk,
-                max_adapters=settings.max_adapters,
-            )
-        if settings.adapter:  # served from the start, until the registry's champion says otherwise
-            engine.load_adapter(settings.adapter)
-            log.info("serving adapter %s from %s", engine.adapter_version, settings.adapter)
+        """Load the models (unless an engine is given), start the writer and the worker. Blocking.
+
+        The models load on the thread that will decode with them (worker.py says why)."""
+        thread = engine_thread()
+        try:
+            if engine is None:
+                log.info("loading %s with draft %s", settings.target, settings.draft)
+                engine = thread.submit(
+                    Engine.from_pretrained,
+                    settings.target,
+                    settings.draft,
+                    device=settings.device,
+                    dtype=settings.dtype,
+                    k=settings.k,
+                    record_topk=settings.record_topk,
+                    max_adapters=settings.max_adapters,
+                ).result()
+            if settings.adapter:  # served from the start, until the registry's champion says otherwise
+                thread.submit(engine.load_adapter, settings.adapter).result()
+                log.info("serving adapter %s from %s", engine.adapter_version, settings.adapter)
+        except BaseException:
+            thread.shutdown(wait=False)
+            raise
         writer = stats = None
         if settings.redis_url:
             writer = CorrectionLogWriter(
@@ -80,7 +91,7 @@ class Service:
                 served_version=lambda: engine.adapter_version,
                 metadata_for=lambda version: _metadata_in(settings.data_dir, version),
             ).start()
-        service = cls(settings, engine, writer, stats, open_registry(settings))
+        service = cls(settings, engine, writer, stats, open_registry(settings), thread)
         service.worker.start()
         service.watcher = start_watcher(
             engine, service.registry, settings, metrics=service.metrics, on_swap=service.record_swap

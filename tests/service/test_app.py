@@ -523,3 +523,27 @@ def test_settings_from_the_environment_hide_secrets():
     assert Settings.from_env({}).k is None and Settings.from_env({"ADAPTIVE_SPEC_K": "dynamic"}).k is None
     with pytest.raises(ValueError, match="ADAPTIVE_SPEC_PORT"):
         Settings.from_env({"ADAPTIVE_SPEC_PORT": "eighty"})
+
+
+def test_the_models_load_on_the_thread_that_decodes(live_server, tmp_path):
+    """torch's OpenMP workers belong to the thread that ran a parallel region: a model loaded on one
+    live thread and decoded on another ran at half speed (service/worker.py). So the lifespan loads
+    the models on the engine thread, and an adapter built elsewhere (the watcher) runs on one thread."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
+    from tiny import tiny_target
+    from tiny_chat import tiny_tokenizer
+
+    tiny_target(0).save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    with live_server(None, target=str(tmp_path / "model"), draft="early-exit:1", device="cpu") as server:
+        service = server.service
+        stepped_on = set()
+        on_step = service.worker.on_step
+        service.worker.on_step = lambda *step: (stepped_on.add(threading.get_ident()), on_step(*step))
+        body = {"model": service.model_name, "prompt": "hello", "max_tokens": 4}
+        response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200
+        assert stepped_on == {service.engine._home_thread} != {threading.get_ident()}
