@@ -67,7 +67,12 @@ class StepCosts:
 
     Where a size was measured, its moving average; between two measured sizes, the straight
     line between them; outside, the nearest measurement scaled by the prior shape
-    `1 + slope * (tokens - 1)` (a forward's cost is roughly affine in its tokens).
+    `1 + slope * (tokens - 1)` (a forward's cost is roughly affine in its tokens). Never more than
+    a larger size measured: feeding fewer tokens does not cost more. Without that bound one slow
+    plain step (a stall, a page fault) made plain decoding look dearer than drafting; the policy
+    then drafted on every step, never timed a plain step again, and kept the outlier for good
+    (2 rows: plain 123 ms "measured" once, a 4-token verify 90 ms, so k = 1 on every step of an
+    untrained draft, 0.74x the target alone).
     """
 
     slope: float = 0.2  # prior: each extra token fed costs this fraction of a one-token forward
@@ -81,17 +86,19 @@ class StepCosts:
         return 1.0 + self.slope * (tokens - 1)
 
     def estimate(self, tokens: int) -> float | None:
-        if tokens in self.seconds:
-            return self.seconds[tokens]
-        below = [t for t in self.seconds if t < tokens]
         above = [t for t in self.seconds if t > tokens]
+        bound = min((self.seconds[t] for t in above), default=float("inf"))
+        if tokens in self.seconds:
+            return min(self.seconds[tokens], bound)
+        below = [t for t in self.seconds if t < tokens]
         if below and above:
             lo, hi = max(below), min(above)
-            return self.seconds[lo] + (self.seconds[hi] - self.seconds[lo]) * (tokens - lo) / (hi - lo)
+            line = self.seconds[lo] + (self.seconds[hi] - self.seconds[lo]) * (tokens - lo) / (hi - lo)
+            return min(line, bound)
         if not below and not above:
             return None
         near = max(below) if below else min(above)
-        return self.seconds[near] * self.prior(tokens) / self.prior(near)
+        return min(self.seconds[near] * self.prior(tokens) / self.prior(near), bound)
 
 
 @dataclass

@@ -355,3 +355,19 @@ def test_a_keys_estimate_is_the_recent_share_accepted() -> None:
     for _ in range(300):  # ... then the draft improves: the old evidence fades
         policy.observe_row(0.5, 4, 4, key)
     assert policy.alpha_for(key) > 0.95
+
+
+def test_one_slow_plain_step_does_not_lock_the_batch_into_drafting() -> None:
+    """Seen on the default model at 2 rows: one plain step timed at 123 ms (a stall) against 90 ms
+    for a 4-token verify. Taken at face value, drafting one token with an untrained draft looks
+    cheaper than a plain step, so every step drafts and no plain step is timed again to correct
+    it. A forward over fewer tokens is never estimated dearer than one over more."""
+    policy = DynamicK()
+    policy.target.observe(2, 0.123)
+    policy.target.observe(4, 0.090)
+    policy.draft.observe(2, 0.016)
+    assert policy.target_s(2) == pytest.approx(0.090) and policy.target_s(3) == pytest.approx(0.090)
+    assert policy.choose([0.0, 0.01], [8, 8]) == 0
+    for _ in range(40):  # the plain steps it now takes are timed, and the outlier fades
+        policy.target.observe(2, 0.050)
+    assert policy.target_s(2) == pytest.approx(0.050, rel=0.05)
