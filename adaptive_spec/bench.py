@@ -54,8 +54,8 @@ def run_bench(
     hf: bool = True,
     desc: str = "bench",
 ) -> dict:
-    """The figures of one run; `hf=False` times only the target alone and ours (no HF keys), as
-    does any prompt with a `response_format` (transformers cannot apply the same constraint)."""
+    """The figures of one run; `hf=False` times only the target alone and ours (no HF keys). With
+    any prompt carrying a `response_format` the HF keys are null: transformers cannot apply it."""
     prompts = [engine.encode_prompt(item.prompt) for item in items]
     formats = [item.response_format for item in items]
     constrained = sum(f is not None for f in formats)
@@ -120,6 +120,14 @@ def run_bench(
         "temperature": temperature,
         "torch_threads": torch.get_num_threads(),
     }
+    if constrained:  # the contract's HF keys, null: there is no like-for-like peer
+        figures.update(
+            hf_assisted_tok_s=None,
+            hf_target_tok_s=None,
+            speedup_vs_hf=None,
+            hf_identical_prompts=None,
+            hf_peer="none: transformers' generate cannot apply the grammar",
+        )
     if hf:
         figures.update(
             hf_assisted_tok_s=rate["hf_assisted"],
@@ -141,7 +149,7 @@ def format_report(figures: dict) -> str:
         f"  target alone      {figures['target_tok_s']:8.2f} tok/s",
         f"  speculative (ours){figures['spec_tok_s']:8.2f} tok/s   x{figures['speedup_vs_target']:.2f} vs target",
     ]
-    if "hf_assisted_tok_s" in figures:
+    if figures.get("hf_assisted_tok_s") is not None:
         lines += [
             f"  HF assisted       {figures['hf_assisted_tok_s']:8.2f} tok/s   ours x{figures['speedup_vs_hf']:.2f} vs HF",
             f"  HF target alone   {figures['hf_target_tok_s']:8.2f} tok/s",
