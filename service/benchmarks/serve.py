@@ -6,9 +6,15 @@
     adaptive-spec bench-serve --target ./tiny --draft early-exit:1 --concurrency 1,2 --duration-s 3 --max-new-tokens 8
 
 For each configuration it starts an `adaptive-spec serve` of its own on a free loopback port (no
-Redis, no registry), waits for it to load, and runs closed-loop users against it at each
-concurrency level in turn: each user sends a streamed chat completion, reads it to the end, and
-sends the next at once, so the offered load follows the server's speed. The configurations:
+Redis, no registry) and waits for it to load; all of them stay up, and only one gets traffic at a
+time. At each concurrency level, closed-loop users run against each server in turn: each user
+sends a streamed chat completion, reads it to the end, and sends the next at once, so the offered
+load follows the server's speed. The window of a level is split into `rounds` (default 3) that
+visit the servers in alternating order (A B C, C B A, A B C): on a shared VM the speed of the
+machine drifts by tens of percent over minutes, and timing the configurations one after another
+turned that drift into their ratios (the same server gave 44 and 61 tok/s in two runs an hour
+apart; with the order reversed, batched speculative went from 0.59x to 1.15x batched plain). The
+configurations:
 
 - `one_at_a_time`: `--max-batch 1`, speculative with dynamic k: the server as it was before
   continuous batching, the baseline of the batching figures;
@@ -41,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +69,8 @@ class ServeBenchSettings:
     device: str = "auto"
     max_new_tokens: int = 64
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
-    duration_s: float = 60.0
+    duration_s: float = 60.0  # per configuration and level, over all rounds
+    rounds: int = 3  # the window of a level split into this many visits per server, in alternating order
     max_batch: int = 8
     configs: tuple[str, ...] = CONFIGS
     cli: tuple[str, ...] = (sys.executable, "-m", "service.cli")  # how to start `adaptive-spec`
@@ -87,8 +94,25 @@ class Level:
     concurrency: int
     replies: list[Reply] = field(default_factory=list)
     elapsed_s: float = 0.0
-    k: float | None = None
-    batch_size: float | None = None
+    steps: float = 0.0  # decoding steps the engine took in the window, from its /metrics
+    rows: float = 0.0  # sum over those steps of the rows in the batch
+    k_sum: float = 0.0  # sum over those steps of the k drafted
+
+    @property
+    def k(self) -> float | None:
+        return self.k_sum / self.steps if self.steps > 0 else None
+
+    @property
+    def batch_size(self) -> float | None:
+        return self.rows / self.steps if self.steps > 0 else None
+
+    def add(self, part: Level) -> None:
+        """Fold in one round's window."""
+        self.replies += part.replies
+        self.elapsed_s += part.elapsed_s
+        self.steps += part.steps
+        self.rows += part.rows
+        self.k_sum += part.k_sum
 
     def figures(self, reference: list[str]) -> dict:
         ok = [r for r in self.replies if r.status == 200]
@@ -130,23 +154,29 @@ def _round(value: float) -> float | None:
 
 
 def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: Callable[[str], None] = print) -> dict:
-    """Every configuration at every concurrency level, one server at a time; the figures as a dict."""
-    reference: list[str] | None = None
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="adaptive-spec-bench-serve-") as workdir:
-        for config in settings.configs:
-            max_batch = 1 if config == "one_at_a_time" else settings.max_batch
-            with served(settings, max_batch, Path(workdir) / config, log) as url:
-                if reference is None:
-                    log(f"reference: {len(items)} prompts, target alone, one at a time")
-                    reference = asyncio.run(_reference(url, items, settings.max_new_tokens))
-                speculative = config != "batched_plain"
-                for users in settings.concurrency:
-                    asyncio.run(_closed_loop(url, items, users, min(3.0, settings.duration_s), settings, speculative))
-                    level = asyncio.run(_measure(url, config, items, users, settings, speculative))
-                    figures = level.figures(reference)
-                    runs.append(figures)
-                    log(_row(figures))
+    """Every configuration at every concurrency level, the servers taking turns; the figures as a dict."""
+    configs = list(settings.configs)
+    levels = {(config, users): Level(config, users) for config in configs for users in settings.concurrency}
+    with tempfile.TemporaryDirectory(prefix="adaptive-spec-bench-serve-") as workdir, ExitStack() as servers:
+        urls = {
+            config: servers.enter_context(
+                served(settings, 1 if config == "one_at_a_time" else settings.max_batch, Path(workdir) / config, log)
+            )
+            for config in configs
+        }
+        log(f"reference: {len(items)} prompts, target alone, one at a time")
+        reference = asyncio.run(_reference(urls[configs[0]], items, settings.max_new_tokens))
+        window = settings.duration_s / settings.rounds
+        for users in settings.concurrency:
+            for config in configs:  # warm up each server at this batch size
+                asyncio.run(_closed_loop(urls[config], items, users, min(3.0, window), settings, _speculative(config)))
+            for turn in range(settings.rounds):
+                for config in configs if turn % 2 == 0 else configs[::-1]:
+                    part = asyncio.run(_measure(urls[config], config, items, users, window, settings))
+                    levels[config, users].add(part)
+            for config in configs:
+                log(_row(levels[config, users].figures(reference)))
+    runs = [levels[config, users].figures(reference) for config in configs for users in settings.concurrency]
     return {
         "runs": runs,
         "identical": bool(runs) and all(run["identical"] for run in runs),
@@ -157,6 +187,7 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
         "target": settings.target,
         "max_batch": settings.max_batch,
         "duration_s": settings.duration_s,
+        "rounds": settings.rounds,
         "k_setting": settings.k,
     }
 
@@ -272,19 +303,23 @@ async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list
         return texts
 
 
+def _speculative(config: str) -> bool:
+    return config != "batched_plain"
+
+
 async def _measure(
-    url: str, config: str, items: list[PromptItem], users: int, settings: ServeBenchSettings, speculative: bool
+    url: str, config: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings
 ) -> Level:
     level = Level(config, users)
     before = await _counters(url)
     started = time.monotonic()
-    level.replies = await _closed_loop(url, items, users, settings.duration_s, settings, speculative)
+    level.replies = await _closed_loop(url, items, users, duration_s, settings, _speculative(config))
     level.elapsed_s = time.monotonic() - started
     after = await _counters(url)
-    steps = after.get("steps", 0) - before.get("steps", 0)
-    if steps > 0:
-        level.batch_size = (after["rows"] - before["rows"]) / steps
-        level.k = (after["k"] - before["k"]) / steps
+    level.steps = after.get("steps", 0) - before.get("steps", 0)
+    if level.steps > 0:
+        level.rows = after["rows"] - before["rows"]
+        level.k_sum = after["k"] - before["k"]
     return level
 
 

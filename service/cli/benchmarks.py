@@ -117,7 +117,8 @@ def add_commands(commands) -> None:
         help="serving throughput and latency at several concurrency levels: one at a time vs batched",
         description="Start `adaptive-spec serve` on loopback once per configuration (one at a time with "
         "--max-batch 1; batched target alone; batched speculative, both with --max-batch N) and run closed-loop "
-        "users at each --concurrency level for --duration-s: output tokens/s, requests/s, latency and time to "
+        "users at each --concurrency level for --duration-s, the servers taking turns in --rounds alternating "
+        "visits so that a drift in the machine's speed touches them alike: output tokens/s, requests/s, latency and time to "
         "first token p50/p99, time per output token, errors, and whether every greedy output equals the target "
         "alone's. Prints a table; --json and --plot write the figures. See service/benchmarks/serve.py.",
     )
@@ -127,6 +128,13 @@ def add_commands(commands) -> None:
     serve.add_argument("--concurrency", type=k_list, default=(1, 2, 4, 8), metavar="N[,N...]", help="default: 1,2,4,8")
     serve.add_argument(
         "--duration-s", type=float, default=60.0, help="per configuration and level (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        help="visits per server and level, in alternating order (A B C, C B A, ...); each gets --duration-s / "
+        "--rounds (default: %(default)s)",
     )
     serve.add_argument(
         "--max-batch", type=positive_int, default=8, help="of the batched servers (default: %(default)s)"
@@ -214,6 +222,7 @@ def cmd_bench_serve(args) -> int:
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,
         duration_s=args.duration_s,
+        rounds=args.rounds,
         max_batch=args.max_batch,
         configs=configs,
     )

@@ -35,6 +35,7 @@ def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model
     figures = json.loads(out.read_text())
     assert {"runs", "identical", "prompts", "max_new_tokens", "draft", "adapter"} <= set(figures)
     assert figures["identical"] is True and figures["prompts"] == 3 and figures["adapter"] is None
+    assert figures["rounds"] == 3  # each level visits every server three times, in alternating order
     assert [(r["config"], r["concurrency"]) for r in figures["runs"]] == [
         (config, users) for config in ("one_at_a_time", "batched_plain", "batched_speculative") for users in (1, 3)
     ]
