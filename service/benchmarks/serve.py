@@ -157,6 +157,7 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
     """Every configuration at every concurrency level, the servers taking turns; the figures as a dict."""
     configs = list(settings.configs)
     levels = {(config, users): Level(config, users) for config in configs for users in settings.concurrency}
+    figures: dict[tuple[str, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="adaptive-spec-bench-serve-") as workdir, ExitStack() as servers:
         urls = {
             config: servers.enter_context(
@@ -175,8 +176,9 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
                     part = asyncio.run(_measure(urls[config], config, items, users, window, settings))
                     levels[config, users].add(part)
             for config in configs:
-                log(_row(levels[config, users].figures(reference)))
-    runs = [levels[config, users].figures(reference) for config in configs for users in settings.concurrency]
+                figures[config, users] = levels[config, users].figures(reference)
+                log(_row(figures[config, users]))
+    runs = [figures[config, users] for config in configs for users in settings.concurrency]
     return {
         "runs": runs,
         "identical": bool(runs) and all(run["identical"] for run in runs),

@@ -31,6 +31,8 @@ import httpx
 import openai
 import pytest
 from polling import wait_for
+from tiny import tiny_target  # on sys.path via conftest.py
+from tiny_chat import tiny_tokenizer
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord
@@ -528,14 +530,7 @@ def test_settings_from_the_environment_hide_secrets():
 def test_the_models_load_on_the_thread_that_decodes(live_server, tmp_path):
     """torch's OpenMP workers belong to the thread that ran a parallel region: a model loaded on one
     live thread and decoded on another ran at half speed (service/worker.py). So the lifespan loads
-    the models on the engine thread, and an adapter built elsewhere (the watcher) runs on one thread."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-    from tiny import tiny_target
-    from tiny_chat import tiny_tokenizer
-
+    the models on the engine thread, and the worker decodes on that same thread."""
     tiny_target(0).save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     with live_server(None, target=str(tmp_path / "model"), draft="early-exit:1", device="cpu") as server:
