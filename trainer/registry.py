@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ from adaptive_spec.contracts import (
     sqlite_tracking_uri,
 )
 from trainer.adapter_events import AdapterEvents
+from trainer.mlflow_store import open_client
 from trainer.registry_records import RegisteredAdapter, registered_adapter, run_figures, version_tags
 
 log = logging.getLogger(__name__)
@@ -121,7 +123,8 @@ def actor(kind: str) -> str:
 class AdapterRegistry:
     """Registered versions and aliases of one target/draft pair's adapters.
 
-    Constructing it contacts nothing (a server may be down); each call does, and raises
+    Constructing it contacts nothing (a server may be down, a sqlite store may not exist yet); each
+    call does, opening MLflow's client on first use (trainer/mlflow_store.py), and raises
     `RegistryUnavailable` when MLflow cannot be reached and `RegistryError` for a bad request.
     """
 
@@ -134,21 +137,26 @@ class AdapterRegistry:
         model_name: str = MODEL_NAME,
         experiment: str = EXPERIMENT,
     ) -> None:
-        from mlflow import MlflowClient
-
         for name, value in _MLFLOW_CLIENT_ENV.items():
             os.environ.setdefault(name, value)
         self.data_dir = Path(data_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.data_dir)
         self.local = self.tracking_uri.startswith(("sqlite:", "file:", "/"))
-        if self.tracking_uri.startswith("sqlite:///"):
-            Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.model_name = model_name
         self.experiment = experiment
         self.events = AdapterEvents(redis_url)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        self._client = None
+        self._client_lock = threading.Lock()
         self._experiment_id: str | None = None
         self._sha_of: dict[str, str] = {}  # version -> adapter_sha256 tag (set when the version is created)
+
+    @property
+    def client(self):
+        """MLflow's client, opened on first use; a failed opening is tried again on the next call."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = open_client(self.tracking_uri)
+            return self._client
 
     def __repr__(self) -> str:
         return f"AdapterRegistry({redact_url(self.tracking_uri)!r}, model={self.model_name!r})"
