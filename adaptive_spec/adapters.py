@@ -44,15 +44,12 @@ import torch
 from torch import nn
 
 from adaptive_spec.contracts import (
-    ADAPTER_CACHE_DIR,
-    ADAPTERS_DIR,
     CHECKSUM_FILE,
     CONFIG_FILE,
     METADATA_FILE,
     SHA_TAG,
     VOCAB_FILE,
     WEIGHTS_FILE,
-    version_dir_name,
 )
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
@@ -226,23 +223,6 @@ def trainer_versions(adapters_dir: str | Path) -> dict[int, AdapterDir]:
         if match and path.is_dir():
             found[int(match[1])] = AdapterDir(path)
     return dict(sorted(found.items()))
-
-
-def locate(data_dir: str | Path, version: str) -> AdapterDir | None:
-    """A served registry version's directory in the data directory, with metadata: the trainer's own
-    directory of that number (adapters/v{NNNN}), else the newest download in the servers' cache
-    (adapter-cache/v{version}-{sha}); None when neither has metadata."""
-    data_dir = Path(data_dir)
-    candidates = sorted((data_dir / ADAPTER_CACHE_DIR).glob(f"v{version}-*"), key=lambda p: p.stat().st_mtime)
-    if version.isdigit():
-        candidates.append(data_dir / ADAPTERS_DIR / version_dir_name(int(version)))
-    for path in reversed(candidates):
-        try:
-            if AdapterDir(path).metadata():
-                return AdapterDir(path)
-        except AdapterError:
-            continue
-    return None
 
 
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict]:

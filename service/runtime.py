@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 
-from adaptive_spec.adapters import locate
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.engine import Engine, GenerationOutput
 from service.correction_log import CorrectionLogWriter
 from service.drift import DriftSettings
@@ -89,8 +89,9 @@ class Service:
                 retention_s=settings.stats_retention_s,
                 drift=drift,
                 served_version=lambda: engine.adapter_version,
-                metadata_for=lambda version: _metadata_in(settings.data_dir, version),
             ).start()
+            if settings.adapter:  # served from the start: its gate figures for the summary, not a swap
+                stats.adapter_loaded(engine.adapter_version, AdapterDir(settings.adapter).metadata())
         service = cls(settings, engine, writer, stats, open_registry(settings), thread)
         service.worker.start()
         service.watcher = start_watcher(
@@ -161,9 +162,3 @@ class Service:
             draft_id=self.engine.draft_id,
             temperature=job.params["temperature"],
         )
-
-
-def _metadata_in(data_dir, version: str) -> dict | None:
-    """A served version's metadata from the data directory, for swaps the dashboard saw but nobody marked."""
-    found = locate(data_dir, version)
-    return found.metadata() if found is not None else None

@@ -48,9 +48,7 @@ FIELDS = (
     "decode_s",
 )
 BASE, TARGET_ALONE = "base", "target"
-OBSERVED = "observed"  # the `by` of a swap the store saw in the served version, which nobody marked
 MERGE_S = 60  # markers of one change (same kind, version and author) within this long are one marker
-SUPERSEDE_S = 300  # an observed swap marked by its author within this long shows the author's marker
 
 
 def field_name(version: str, domain: str, name: str) -> str:
@@ -144,22 +142,16 @@ class StatsQueries:
 
     def events(self, start: float, end: float, limit: int = 1000) -> list[dict]:
         """Swap and rollback markers in [start, end], oldest first: one per change, with the replicas
-        that reported it counted.
-
-        A server marks each swap its watcher makes, and notices a change of served version that
-        nobody marked when it flushes (`by` "observed"). When it noticed a swap just before its
-        watcher marked that swap (the flush fell between the two), the marker says who made it:
-        an observed marker followed within `SUPERSEDE_S` by a marked one of the same version from
-        the same replica is left out."""
+        that reported it counted (each server marks the swaps its watcher makes)."""
         # entry ids are write times, which trail the event's own time by at most a flush or a Redis outage
         raw = self.redis.xrange(
             STATS_EVENTS_KEY, max(0, int((start - 600) * 1000)), int((end + 3600) * 1000), count=limit
         )
         entries = sorted((_decode(fields) for _, fields in raw), key=lambda fields: float(fields.get("t", 0)))
         merged: list[dict] = []
-        for i, fields in enumerate(entries):
+        for fields in entries:
             t = float(fields.get("t", 0))
-            if not start <= t <= end or _superseded(fields, entries[i + 1 :]):
+            if not start <= t <= end:
                 continue
             event = {"t": t, "kind": fields.get("kind"), "version": fields.get("version"), "by": fields.get("by")}
             same = next((e for e in reversed(merged[-20:]) if _same_change(e, event)), None)
@@ -207,19 +199,6 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
-
-
-def _superseded(fields: dict[str, str], later: list[dict[str, str]]) -> bool:
-    if fields.get("by") != OBSERVED:
-        return False
-    t = float(fields.get("t", 0))
-    return any(
-        other.get("by") != OBSERVED
-        and other.get("version") == fields.get("version")
-        and other.get("replica") == fields.get("replica")
-        and float(other.get("t", 0)) - t <= SUPERSEDE_S
-        for other in later
-    )
 
 
 def _same_change(event: dict, other: dict) -> bool:

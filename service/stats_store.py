@@ -29,10 +29,9 @@ background thread flushes it every second in one pipeline (HINCRBY/HINCRBYFLOAT 
 When Redis is down the increments wait, merged per bucket (at most `MAX_PENDING_KEYS` bucket
 keys, about an hour of traffic; older ones are dropped and counted), and go out when it returns.
 
-Swap markers come from one place each: `mark` records a swap someone made and can name (the
-adapter watcher's callback, with the adapter's gate figures); for a swap nobody marked (code that
-swaps the engine directly), the store notices at its next flush that the served version changed
-and marks it as "observed", with the gate figures it finds in the data directory (`metadata_for`).
+Swap markers have one path: `mark`, called by whoever swapped and can say who asked for it (in a
+server, the adapter watcher's callback `Service.record_swap`, with the adapter's gate figures).
+Code that swaps a served engine itself calls `Service.record_swap` too.
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ from service.metrics import DomainLabels
 from service.stats_queries import (
     BASE,
     FINE_RETENTION_CAP_S,
-    OBSERVED,
     RESOLUTIONS,
     TARGET_ALONE,
     StatsQueries,
@@ -84,24 +82,20 @@ class StatsRecorder(StatsQueries):
         flush_every_s: float = 1.0,
         replica: str | None = None,
         client: redis.Redis | None = None,
-        metadata_for: Callable[[str], dict | None] | None = None,
     ) -> None:
         self.redis = client or redis.Redis.from_url(
             redis_url, socket_timeout=2.0, socket_connect_timeout=1.0, health_check_interval=30
         )
         self.retention_s = int(retention_s)
         self.drift_settings = drift or DriftSettings()
-        self.served_version = served_version  # what the engine serves now; None: unknown
-        self.metadata_for = metadata_for  # version -> adapter metadata, for marks that came without it
+        self.served_version = served_version  # what the engine serves now, for the drift check; None: unknown
         self.flush_every_s = flush_every_s
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self.drift_state = DriftState()
         self._pending: dict[str, dict[str, float]] = {}  # bucket key -> field -> increment
         self._pending_events: list[dict[str, str]] = []
         self._pending_adapters: dict[str, str] = {}
-        self._known_adapters: set[str] = set()  # versions whose gate figures were stored or looked for
         self._domains = DomainLabels()
-        self._last_version: object = _UNSEEN
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
@@ -111,9 +105,7 @@ class StatsRecorder(StatsQueries):
     # ------------------------------------------------------------------ writing (never blocks)
 
     def start(self) -> StatsRecorder:
-        """Flush every `flush_every_s` from a thread; what is served now is the starting point, not a swap."""
-        if self.served_version is not None:
-            self.observe_version(self.served_version())
+        """Flush every `flush_every_s` from a thread."""
         self._thread = threading.Thread(target=self._run, name="stats-flusher", daemon=True)
         self._thread.start()
         return self
@@ -162,21 +154,6 @@ class StatsRecorder(StatsQueries):
                         bucket[field] = bucket.get(field, 0) + value
             self.counts["requests"] += 1
 
-    def observe_version(self, version: str | None, at: float | None = None) -> None:
-        """An "observed" swap marker when the served version differs from the one last seen or marked
-        here; `flush` calls it with what the engine serves.
-
-        The first version seen is the starting point, not a swap. An observation that is no longer
-        what the engine serves (made just before a swap, counted just after) is ignored, so it is
-        never taken for a swap back. A `mark` of the same swap that comes after its observation
-        wins when the markers are read (StatsQueries.events)."""
-        if self.served_version is not None and version_label(version) != version_label(self.served_version()):
-            return
-        with self._lock:
-            previous, self._last_version = self._last_version, version_label(version)
-        if previous is not _UNSEEN and previous != version_label(version):
-            self._queue_event("swap", version, OBSERVED, at)
-
     def mark(
         self,
         kind: str,
@@ -198,8 +175,6 @@ class StatsRecorder(StatsQueries):
             metadata = _metadata(AdapterDir(adapter_dir))
         if metadata:
             self.adapter_loaded(version, metadata)
-        with self._lock:
-            self._last_version = version_label(version)
         self._queue_event(kind, version, by or "unknown", at)
 
     def adapter_loaded(self, version: str | None, metadata: dict) -> None:
@@ -207,7 +182,6 @@ class StatsRecorder(StatsQueries):
         info = {"version": version_label(version), **describe(metadata), "loaded_at": time.time()}
         with self._lock:
             self._pending_adapters[version_label(version)] = json.dumps(info, default=_json_safe)
-            self._known_adapters.add(version_label(version))
 
     def _queue_event(self, kind: str, version: str | None, by: str, at: float | None) -> None:
         event = {
@@ -245,17 +219,11 @@ class StatsRecorder(StatsQueries):
 
     def flush(self) -> bool:
         """Send what is pending in one pipeline; on failure keep it for the next try. Returns success."""
-        if self.served_version is not None:
-            self.observe_version(self.served_version())
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
                 events, self._pending_events = self._pending_events, []
                 adapters, self._pending_adapters = self._pending_adapters, {}
-            self._look_up_metadata([e["version"] for e in events])
-            with self._lock:
-                adapters.update(self._pending_adapters)
-                self._pending_adapters = {}
             if not pending and not events and not adapters:
                 return True
             try:
@@ -288,20 +256,6 @@ class StatsRecorder(StatsQueries):
                     self._pending_adapters = {**adapters, **self._pending_adapters}
                 return False
 
-    def _look_up_metadata(self, versions: list[str]) -> None:
-        """Gate figures of versions marked without them (an observed swap)."""
-        for version in dict.fromkeys(versions):
-            if version == BASE or version in self._known_adapters or self.metadata_for is None:
-                continue
-            self._known_adapters.add(version)
-            try:
-                metadata = self.metadata_for(version)
-            except Exception:  # a marker without figures is better than no marker
-                log.exception("looking up the metadata of adapter %s failed", version)
-                continue
-            if metadata:
-                self.adapter_loaded(version, metadata)
-
     def _ttl(self, resolution: int) -> int:
         if resolution == RESOLUTIONS[0]:
             return max(resolution, min(self.retention_s, FINE_RETENTION_CAP_S))
@@ -331,6 +285,3 @@ def _metadata(adapter: AdapterDir) -> dict:
 
 def _json_safe(value):
     return str(value)
-
-
-_UNSEEN = object()

@@ -69,27 +69,18 @@ def test_drift_alert_on_the_page_data_and_in_prometheus(live_server, engine, red
         assert float(window.split()[1]) == pytest.approx(drift["first_token_acceptance"])
 
 
-def test_a_swap_seen_only_by_the_request_path_is_marked_with_its_gate_figures(
+def test_an_adapter_served_from_the_start_shows_its_gate_figures_and_no_swap(
     live_server, engine, redis_url, redis_client, tmp_path
 ):
-    with live_server(engine, redis_url=redis_url, data_dir=tmp_path) as server:
+    start = make_adapter(
+        engine.target, 1, tmp_path / "start", seed=3, version=7, greedy_match=0.42, expected_acceptance=0.3
+    )
+    with live_server(engine, redis_url=redis_url, data_dir=tmp_path, adapter=str(start)) as server:
         send_traffic(server.url, 1, "a")
-        # as the adapter watcher leaves it: downloaded into the data directory's cache, loaded on the engine
-        cached = make_adapter(
-            engine.target,
-            1,
-            tmp_path / "adapter-cache" / "v7-0123456789ab",
-            seed=3,
-            version=7,
-            greedy_match=0.42,
-            expected_acceptance=0.3,
-        )
-        engine.load_adapter(cached, "7")
-        send_traffic(server.url, 1, "a")
-        settle(server.service, 2)
-        events = httpx.get(server.url + "/api/stats/events").json()["events"]
-        assert [(e["kind"], e["version"], e["by"]) for e in events] == [("swap", "7", "observed")]
+        settle(server.service, 1)
+        assert httpx.get(server.url + "/api/stats/events").json()["events"] == []
         champion = httpx.get(server.url + "/api/stats/summary").json()["champion"]
+        assert champion["version"] == "7"
         assert champion["gate"]["candidate"]["greedy_match"] == 0.42
 
 

@@ -171,17 +171,12 @@ def test_redis_down_never_raises_and_the_sums_arrive_when_it_returns(redis_serve
     assert client.xlen(STATS_EVENTS_KEY) == 1
 
 
-def test_observed_swap_is_marked_once_and_an_explicit_mark_supersedes_it(redis_client, redis_url):
-    stats = recorder(redis_url, replica="r1")
-    stats.observe_version(None)  # the first version seen is the start, not a swap
-    stats.observe_version(None)
-    stats.observe_version("1")  # the request path sees a swap nobody marked
+def test_each_mark_is_one_marker_and_an_unknown_kind_is_refused(redis_client, redis_url):
+    stats = recorder(redis_url, replica="r1", served_version=lambda: "1")
     stats.flush()
-    assert [(e["kind"], e["version"], e["by"]) for e in stats.events(0, time.time() + 1)] == [("swap", "1", "observed")]
-    stats.mark("swap", "1", by="watcher")  # the watcher's own mark, arriving after the observation
-    stats.observe_version("1")  # no change: no marker
+    assert stats.events(0, time.time() + 1) == []  # serving a version is not a swap: only a mark is
+    stats.mark("swap", "1", by="watcher")
     stats.mark("rollback", None, by="ops")
-    stats.observe_version(None)
     stats.flush()
     events = stats.events(0, time.time() + 1)
     assert [(e["kind"], e["version"], e["by"]) for e in events] == [
@@ -262,18 +257,3 @@ def test_pending_buckets_are_bounded_while_redis_is_away():
     assert len(stats._pending) <= MAX_PENDING_KEYS and stats.counts["dropped_keys"] > 0
     newest = bucket_key(10, T0 + 10 * 1999)
     assert newest in stats._pending  # the oldest go first
-
-
-def test_a_request_counted_after_the_swap_is_not_a_swap_back(redis_client, redis_url):
-    served = {"version": None}
-    stats = recorder(redis_url, served_version=lambda: served["version"])
-    stats.observe_version(None)
-    served["version"] = "1"
-    stats.mark("swap", "1", by="watcher")
-    stats.observe_version(None)  # a request that ended on the base draft, counted just after the swap
-    stats.observe_version("1")
-    served["version"] = "2"  # a swap nobody marked
-    stats.observe_version("2")
-    stats.flush()
-    events = stats.events(0, time.time() + 1)
-    assert [(e["kind"], e["version"], e["by"]) for e in events] == [("swap", "1", "watcher"), ("swap", "2", "observed")]
