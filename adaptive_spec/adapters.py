@@ -169,10 +169,7 @@ class AdapterDir:
 
     def check_models(self, target_id: str, draft_id: str) -> None:
         """The metadata, when it names them, names this target and draft."""
-        metadata = self.metadata()
-        for key, ours in (("target_id", target_id), ("draft_id", draft_id)):
-            if metadata.get(key) not in (None, ours):
-                raise AdapterError(f"{self.path} was trained for {key} {metadata[key]!r}, not {ours!r}")
+        check_models(self.metadata(), target_id, draft_id, str(self.path))
 
     def read(self) -> tuple[dict, dict[str, torch.Tensor], dict]:
         """(adapter_config, LoRA tensors, metadata), verified (checksum.sha256 optional)."""
@@ -291,3 +288,11 @@ def merge_into_slot(base_layers: nn.ModuleList, pairs) -> nn.ModuleList:
 def read_vocab(path: str | Path, vocab_size: int) -> list[int] | None:
     """The adapter's draft vocabulary, or None when it ships none."""
     return AdapterDir(path).vocab(vocab_size)
+
+
+def check_models(fields: dict, target_id: str, draft_id: str, what: str) -> None:
+    """`fields` (an adapter's metadata, or a registry version's tags), when they name a target and a
+    draft, name these; AdapterError says which differs. `what` names the adapter in the message."""
+    for key, ours in (("target_id", target_id), ("draft_id", draft_id)):
+        if fields.get(key) not in (None, ours):
+            raise AdapterError(f"{what} was trained for {key} {fields[key]!r}, not {ours!r}")

@@ -42,9 +42,9 @@ from adaptive_spec.grammar import GrammarError, Grammars
 from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
+from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
 
 DEFAULT_DRAFT = "early-exit:4"
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
@@ -92,7 +92,7 @@ class Engine:
         self.record_topk = record_topk
         self.adapters = AdapterSlots(max_adapters)  # the general adapter and one per domain (adapter_slots.py)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
-        self.eos_ids = _eos_ids(target, tokenizer, eos_token_id)
+        self.eos_ids = eos_ids(target, tokenizer, eos_token_id)
         self._grammars: Grammars | None = None  # built on the first structured request (grammar.py)
         self._home_thread = threading.get_ident()  # the thread that loaded the models
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
@@ -206,31 +206,8 @@ class Engine:
         return batch
 
     def encode_prompt(self, prompt) -> list[int]:
-        """Token ids for a prompt given as ids, a string, or chat messages."""
-        if isinstance(prompt, str):
-            ids = self._need_tokenizer("a text prompt").encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self._chat_ids(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InputError(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}")
-        elif isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
-            return self.encode_prompt(prompt.tolist())
-        else:
-            raise InputError(
-                "prompt must be a list of token ids, a string, or a list of chat messages "
-                "({'role': ..., 'content': ...})"
-            )
-        if not ids:
-            raise InputError("the prompt is empty")
-        if self.max_context is not None and len(ids) >= self.max_context:
-            raise InputError(
-                f"the prompt has {len(ids)} tokens, over the model's context of {self.max_context} "
-                f"(at least one must remain for the output)"
-            )
-        return ids
+        """Token ids for a prompt given as ids, a string, or chat messages (InputError if it cannot be)."""
+        return encode_prompt(prompt, self.tokenizer, self.vocab_size, self.max_context)
 
     def decode(self, token_ids: list[int]) -> str | None:
         if self.tokenizer is None:
@@ -303,7 +280,7 @@ class Engine:
         if req.stop and self.tokenizer is not None:
             text = self.decode(out)
             if any(s in text for s in req.stop):
-                return "stop", _tokens_until_stop(self, out, req.stop)
+                return "stop", tokens_until_stop(self.decode, out, req.stop)
         if len(out) >= req.max_new_tokens:
             return "length", req.max_new_tokens
         if self.max_context is not None and context >= self.max_context:
@@ -411,25 +388,6 @@ class Engine:
         except GrammarError as exc:
             raise InputError(str(exc)) from None
 
-    def _chat_ids(self, messages: list[dict]) -> list[int]:
-        tokenizer = self._need_tokenizer("chat messages")
-        for i, message in enumerate(messages):
-            if message.get("role") not in CHAT_ROLES:
-                raise InputError(
-                    f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.get('role')!r}"
-                )
-            if not isinstance(message.get("content"), str):
-                raise InputError(f"messages[{i}].content must be a string")
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(encoded, "keys"):  # transformers 5 returns a BatchEncoding
-            encoded = encoded["input_ids"]
-        return list(encoded)
-
-    def _need_tokenizer(self, what: str):
-        if self.tokenizer is None:
-            raise InputError(f"{what} need a tokenizer; this engine has none, so pass token ids")
-        return self.tokenizer
-
 
 @contextmanager
 def _one_torch_thread():
@@ -440,25 +398,3 @@ def _one_torch_thread():
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _tokens_until_stop(engine: Engine, out: list[int], stops: tuple[str, ...]) -> int:
-    """The shortest prefix of `out` whose text contains a stop string."""
-    for n in range(1, len(out) + 1):
-        text = engine.decode(out[:n])
-        if any(s in text for s in stops):
-            return n
-    return len(out)
-
-
-def _eos_ids(model, tokenizer, override) -> set[int]:
-    if override is not None:
-        return {override} if isinstance(override, int) else set(override)
-    found = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, (list, tuple)):
-            found.update(v for v in value if isinstance(v, int))
-    return found

@@ -43,8 +43,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from adaptive_spec.constraints import MIN_REPETITION_PENALTY
-from adaptive_spec.engine import CHAT_ROLES, MAX_LOGPROBS, MAX_N
+from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
 from adaptive_spec.sampling import SEED_MAX, SEED_MIN
+from adaptive_spec.tokens import CHAT_ROLES
 
 MAX_STOPS = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit

@@ -54,13 +54,12 @@ import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir, AdapterError
+from adaptive_spec.adapters import AdapterDir, AdapterError, check_models
 from adaptive_spec.contracts import (
     ADAPTER_CACHE_DIR,
     MLFLOW_DB,
     OUTSIDE,
     SHA_TAG,
-    WEIGHTS_FILE,
     cache_dir_name,
     sqlite_tracking_uri,
 )
@@ -171,10 +170,7 @@ class AdapterWatcher:
     def _fetch(self, version: str) -> Path:
         """Download the version (or reuse the cache) and verify it; returns its directory."""
         described = self.registry.get(version)
-        tags = described.tags
-        for key, ours in (("target_id", self.engine.target_id), ("draft_id", self.engine.draft_id)):
-            if tags.get(key) not in (None, ours):
-                raise AdapterError(f"version {version} is for {key} {tags[key]!r}, this server runs {ours!r}")
+        check_models(described.tags, self.engine.target_id, self.engine.draft_id, f"version {version}")
         sha = described.sha256
         if not sha:
             raise AdapterError(f"version {version} has no {SHA_TAG} tag: nothing to verify it against", "missing")
@@ -184,8 +180,6 @@ class AdapterWatcher:
             staging = Path(tempfile.mkdtemp(prefix=".download-", dir=self.cache_dir))
             try:
                 downloaded = self.registry.download(version, staging)
-                if not (downloaded / WEIGHTS_FILE).is_file():
-                    raise AdapterError(f"version {version}: no {WEIGHTS_FILE} among its artifacts", "missing")
                 downloaded.rename(final)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)

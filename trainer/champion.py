@@ -183,7 +183,7 @@ class Champion:
         self.version = state["champion_version"]
         if "champion_sha256" in state:
             self.sha256 = state["champion_sha256"]
-        elif self.path is not None:  # format 1 does not require it: the champion's weights tell
+        elif self.path is not None:  # a format-1 checkpoint need not hold it: the weights tell
             self.sha256 = sha256_file(self.path / WEIGHTS_FILE)
         self.registry_champion = state.get("registry_champion")
         self.registry_versions = dict(state.get("registry_versions") or {})

@@ -17,30 +17,23 @@ The loop (`run`), one verb each:
 - `train_round()`, once `min_new_records` new training records have arrived: `round_steps`
   optimiser steps on batches sampled from the buffer, then both the candidate and the champion
   (the adapter promoted last, or the base draft with adapters disabled) are scored with
-  `draft_agreement` on the same snapshot of the held-out set, and `Gate.decide` judges.
-  Example (the test's tiny model): 40 steps; over the same 432 held-out positions the base draft
-  matches the target's greedy token 0.067 of the time and the candidate 0.363, expected acceptance
-  0.177 -> 0.229. The gain +0.296 clears the margin (0.01), so the candidate is saved as
-  `adapters_dir/v0001` (trainer/versions.py) and becomes the champion that training continues
-  from. The next round reached +0.0095 and was rolled back;
+  `draft_agreement` on the same snapshot of the held-out set, and `Gate.decide` judges (the test's
+  tiny model: greedy match 0.067 -> 0.363 on 432 held-out positions clears the 0.01 margin, and the
+  candidate becomes `adapters_dir/v0001`, trainer/versions.py, the champion training continues from);
 - `checkpoint()` makes the state durable (trainer/checkpoint.py), then acknowledges what it covers.
 
 The registry has the last word: before each round and again before each promotion,
 `sync_registry()` adopts the version an operator moved the `champion` alias to (trainer/champion.py).
 A candidate whose round saw the champion move is discarded.
 
-Rejected candidates are rolled back. When the gate refuses, the LoRA weights are copied back
-from the champion and the optimiser's moments are cleared, so every round starts from the
-adapter that is served. A round that overfits or diverges thus costs its own steps and nothing
-more, and the checkpoint always holds the champion. The price: progress smaller than the gate's
-margin per round is thrown away, so on a plateau where `round_steps` steps gain less than the
-margin (0.01 by default) the trainer stops improving. Raise `round_steps` rather than lowering
-the margin if that happens.
+Rejected candidates are rolled back (LoRA weights copied from the champion, optimiser moments
+cleared), so a round that overfits costs its own steps only and the checkpoint always holds the
+champion. The price: a round's progress below the gate's margin is thrown away; on a plateau,
+raise `round_steps` rather than lowering the margin.
 
-The draft to train is an early-exit draft (`build_early_exit(target, 4)`, trained by
-trainer/distill.py) or a head (`TrainableHead(target)`, trained by trainer/head_distill.py, which
-runs the target once per record for its hidden states); for a head, `lora` may be a `HeadSettings`.
-Everything else (the gate, versions, checkpoints, the registry) is the same for both.
+The draft is an early-exit draft (trainer/distill.py) or a head (`TrainableHead(target)`,
+trainer/head_distill.py, `lora` then a `HeadSettings`); the gate, versions, checkpoints and registry
+are the same for both.
 
 Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer
 owns `draft_model`: PEFT injects the LoRA layers into it in place.

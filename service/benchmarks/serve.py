@@ -40,7 +40,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,10 @@ from pathlib import Path
 
 import httpx
 
+from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from adaptive_spec.prompts import PromptItem
+from service.local_redis import free_port
+from service.metrics import PREFIX
 
 CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")
 SERVER_START_TIMEOUT_S = 600.0  # the first start converts the default model's GGUF file
@@ -177,7 +179,7 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
                     levels[config, users].add(part)
             for config in configs:
                 figures[config, users] = levels[config, users].figures(reference)
-                log(_row(figures[config, users]))
+                log(run_line(figures[config, users]))
     runs = [figures[config, users] for config in configs for users in settings.concurrency]
     return {
         "runs": runs,
@@ -201,16 +203,16 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
 def served(settings: ServeBenchSettings, max_batch: int, data_dir: Path, log: Callable[[str], None]):
     """An `adaptive-spec serve` on a free loopback port; yields its URL and stops it (SIGTERM, by pid)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = {key: value for key, value in os.environ.items() if key not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
-    env.update(
-        ADAPTIVE_SPEC_MAX_BATCH=str(max_batch),
-        ADAPTIVE_SPEC_ADAPTER_POLL_S="0",
-        ADAPTIVE_SPEC_QUEUE_SIZE=str(max(32, 4 * max(settings.concurrency))),
-        ADAPTIVE_SPEC_REQUEST_TIMEOUT_S="3600",
-    )
-    if settings.adapter:
-        env["ADAPTIVE_SPEC_ADAPTER"] = str(settings.adapter)
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key not in (REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV)}
+    served_settings = {
+        "MAX_BATCH": str(max_batch),
+        "ADAPTER_POLL_S": "0",
+        "QUEUE_SIZE": str(max(32, 4 * max(settings.concurrency))),
+        "REQUEST_TIMEOUT_S": "3600",
+        **({"ADAPTER": str(settings.adapter)} if settings.adapter else {}),
+    }
+    env.update({ENV_PREFIX + name: value for name, value in served_settings.items()})
     command = [
         *settings.cli,
         "serve",
@@ -264,12 +266,6 @@ def _wait_until_up(url: str, process: subprocess.Popen, log_path: Path) -> None:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s (log: {log_path})")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------- clients
@@ -397,9 +393,9 @@ async def _one(
 async def _counters(url: str) -> dict[str, float]:
     """The engine's step counters from /metrics: steps, rows decoded (sum of batch sizes), k drafted."""
     names = {
-        "adaptive_spec:batch_steps_total": "steps",
-        "adaptive_spec:batch_rows_total": "rows",
-        "adaptive_spec:batch_draft_k_total": "k",
+        PREFIX + "batch_steps_total": "steps",
+        PREFIX + "batch_rows_total": "rows",
+        PREFIX + "batch_draft_k_total": "k",
     }
     async with httpx.AsyncClient(timeout=30) as client:
         text = (await client.get(url + "/metrics")).text
@@ -411,10 +407,9 @@ async def _counters(url: str) -> dict[str, float]:
     return found
 
 
-# ---------------------------------------------------------------------------------------- reports
+def run_line(run: dict) -> str:
+    """One configuration at one concurrency, as a line of the report."""
 
-
-def _row(run: dict) -> str:
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
 
@@ -425,59 +420,3 @@ def _row(run: dict) -> str:
         f"tpot {fmt(run['tpot_s'], '6.4f')} s  k {fmt(run['k'], '4.2f')}  batch {fmt(run['batch_size'], '4.2f')}  "
         f"errors {run['errors']}  identical {run['identical']}"
     )
-
-
-def format_report(result: dict) -> str:
-    lines = [
-        f"bench-serve: {result['target']} with draft {result['draft']}"
-        f"{' and adapter ' + str(result['adapter']) if result['adapter'] else ''}, {result['prompts']} prompts, "
-        f"{result['max_new_tokens']} new tokens, greedy, max batch {result['max_batch']}"
-    ]
-    lines += [_row(run) for run in result["runs"]]
-    by = {(run["config"], run["concurrency"]): run for run in result["runs"]}
-    for (config, users), run in sorted(by.items()):
-        base = by.get(("one_at_a_time", users))
-        plain = by.get(("batched_plain", users))
-        if config == "batched_speculative" and base and plain and base["output_tok_s"] and plain["output_tok_s"]:
-            lines.append(
-                f"{users} users: batched speculative {run['output_tok_s'] / base['output_tok_s']:.2f}x "
-                f"one at a time, {run['output_tok_s'] / plain['output_tok_s']:.2f}x batched target alone"
-            )
-    lines.append(f"identical to the target alone in every run: {result['identical']}")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: str | Path) -> None:
-    """Output tokens/s and p50 latency against concurrency, one line per configuration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for config in CONFIGS:
-        runs = sorted((r for r in result["runs"] if r["config"] == config), key=lambda r: r["concurrency"])
-        if not runs:
-            continue
-        users = [r["concurrency"] for r in runs]
-        label = config.replace("_", " ")
-        throughput.plot(users, [r["output_tok_s"] for r in runs], marker="o", label=label)
-        latency.plot(users, [r["latency_p50_s"] for r in runs], marker="o", label=label)
-    for axis, title, unit in ((throughput, "output tokens/s", "tokens/s"), (latency, "p50 request latency", "s")):
-        axis.set_title(title)
-        axis.set_xlabel("concurrent users")
-        axis.set_ylabel(unit)
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(sorted({r["concurrency"] for r in result["runs"]}))
-        axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        axis.grid(alpha=0.3)
-        axis.set_ylim(bottom=0)
-    throughput.legend()
-    adapter = f", adapter {result['adapter']}" if result["adapter"] else ""
-    fig.suptitle(
-        f"adaptive-spec bench-serve: {Path(str(result['target'])).name}, draft {result['draft']}{adapter}, "
-        f"{result['max_new_tokens']} new tokens, greedy"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

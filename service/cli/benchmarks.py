@@ -203,7 +203,8 @@ def cmd_bench_swap(args) -> int:
 
 def cmd_bench_serve(args) -> int:
     from adaptive_spec.prompts import load_prompts, shipped
-    from service.benchmarks.serve import CONFIGS, ServeBenchSettings, format_report, plot, run_serve_bench
+    from service.benchmarks.serve import CONFIGS, ServeBenchSettings, run_serve_bench
+    from service.benchmarks.serve_report import format_report, plot
 
     configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
     unknown = [name for name in configs if name not in CONFIGS]
