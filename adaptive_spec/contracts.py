@@ -24,6 +24,7 @@ CORRECTION_STREAM = "adaptive_spec:corrections"  # capped by MAXLEN ~; one entry
 PAYLOAD_FIELD = "r"  # each correction stream entry is {PAYLOAD_FIELD: CorrectionRecord.encode()}
 TRAINER_GROUP = "adaptive-spec-trainer"  # the trainers' consumer group on the correction stream
 TRAINER_LEADER_KEY = "adaptive_spec:trainer_leader"  # the lease: which trainer may train and promote
+TRAINER_STATUS_KEY = "adaptive_spec:trainer_status"  # JSON: what the trainer did last or waits for
 ADAPTER_EVENTS = "adaptive_spec:adapters"  # pub/sub channel: one JSON event per promote and rollback
 
 STATS_PREFIX = "adaptive_spec:stats:"  # the dashboard store; every replica adds into the same keys

@@ -31,7 +31,7 @@ import time
 
 import redis
 
-from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, stats_bucket_key
+from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, TRAINER_STATUS_KEY, stats_bucket_key
 
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
@@ -160,6 +160,11 @@ class StatsQueries:
             else:
                 merged.append({**event, "replicas": 1})
         return merged
+
+    def trainer_status(self) -> dict | None:
+        """The trainer's last word (trainer/rounds.py): what it did last or waits for; None if none is kept."""
+        raw = self.redis.get(TRAINER_STATUS_KEY)
+        return json.loads(raw) if raw else None
 
     def adapter_info(self, version: str | None) -> dict | None:
         raw = self.redis.hget(STATS_ADAPTERS_KEY, version_label(version))

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from adaptive_spec.record import CorrectionRecord
+from trainer.decision import RecordScores
 from trainer.distill import TrainingExample, causal_lm, collate, draft_logits, examples_from_record, micro_batches
 
 
@@ -46,6 +47,16 @@ class GateFigures:
     expected_acceptance: float  # mean sum_i min(q(i), p_t(i)) over the top-m: a lower bound
     greedy_match: float  # fraction of positions where the draft's argmax is the target's top-1
     positions: int  # output positions scored
+    # per held-out record, for the statistical gate (trainer/decision.py); not kept in metadata or checkpoints
+    records: RecordScores | None = field(default=None, compare=False, repr=False)
+
+    def as_dict(self) -> dict:
+        """The figures as adapter metadata and checkpoints keep them."""
+        return {
+            "expected_acceptance": self.expected_acceptance,
+            "greedy_match": self.greedy_match,
+            "positions": self.positions,
+        }
 
 
 @torch.inference_mode()
@@ -64,31 +75,46 @@ def draft_agreement(draft_model, records: Iterable[CorrectionRecord | TrainingEx
     tally = Tally()
     for group in micro_batches([example for example in examples if example.num_positions], batch_tokens):
         batch = collate(group)
-        tally.add(draft_logits(draft_model, batch), batch.target_topk_ids, batch.target_topk_logprobs)
+        owners = [group[row].request_id for row in batch.rows.tolist()]
+        tally.add(draft_logits(draft_model, batch), batch.target_topk_ids, batch.target_topk_logprobs, owners)
     return tally.figures()
 
 
 class Tally:
-    """Sums of the gate's figures over batches of positions."""
+    """Sums of the gate's figures over batches of positions, in total and per held-out record."""
 
     def __init__(self) -> None:
         self.expected, self.matched, self.positions = 0.0, 0, 0
+        self.by_record: dict[str, list[float]] = {}  # record -> [matched, expected, positions]
 
-    def add(self, logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor) -> None:
+    def add(self, logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor,
+            owners: Sequence[str] | None = None) -> None:  # fmt: skip
         """logits [positions, vocab]; the target's top-m ids [positions, m] and logprobs [positions, m]
-        (-inf where padded)."""
+        (-inf where padded); `owners`, the record each position belongs to (for per-record scores)."""
         topk_ids = target_topk_ids.to(logits.device)  # [positions, m]
         logprobs = target_topk_logprobs.to(logits.device)  # [positions, m]
         draft_probs = torch.softmax(logits.float(), dim=-1).gather(-1, topk_ids)  # [positions, m]
-        self.expected += float(torch.minimum(draft_probs, logprobs.exp()).sum())  # padding: exp(-inf) = 0
+        expected = torch.minimum(draft_probs, logprobs.exp()).double().sum(-1)  # [positions]; padding: exp(-inf) = 0
         target_top1 = topk_ids.gather(-1, logprobs.argmax(-1, keepdim=True))[:, 0]  # [positions]
-        self.matched += int((logits.argmax(-1) == target_top1).sum())
+        matched = logits.argmax(-1) == target_top1  # [positions]
+        self.expected += float(expected.sum())
+        self.matched += int(matched.sum())
         self.positions += len(target_top1)
+        if owners is not None:
+            for owner, hit, share in zip(owners, matched.tolist(), expected.tolist(), strict=True):
+                sums = self.by_record.setdefault(owner, [0, 0.0, 0])
+                sums[0] += hit
+                sums[1] += share
+                sums[2] += 1
 
     def figures(self) -> GateFigures:
         if self.positions == 0:
             return GateFigures(math.nan, math.nan, 0)
-        return GateFigures(self.expected / self.positions, self.matched / self.positions, self.positions)
+        records = None
+        if self.by_record:
+            ordered = [self.by_record[key] for key in sorted(self.by_record)]  # the same order on both sides
+            records = RecordScores(*(list(column) for column in zip(*ordered, strict=True)))
+        return GateFigures(self.expected / self.positions, self.matched / self.positions, self.positions, records)
 
 
 @contextlib.contextmanager

@@ -88,10 +88,10 @@ class TrainableHead(DraftHead):
         states (trainer/gate.py), with the head's adapters in whatever state they are in."""
         tally = Tally()
         with torch.inference_mode():
-            for batch in _head_batches(self, records, batch_tokens, max_seq_len):
+            for batch, ids in _head_batches(self, records, batch_tokens, max_seq_len):
                 predicted = self(batch.input_ids, batch.features)  # [b, seq, hidden]
                 tally.add(self.logits(predicted[batch.rows, batch.cols]), batch.target_topk_ids,
-                          batch.target_topk_logprobs)  # fmt: skip
+                          batch.target_topk_logprobs, [ids[row] for row in batch.rows.tolist()])  # fmt: skip
         return tally.figures()
 
     def chain_figures(self, records: Iterable[CorrectionRecord | TrainingExample], depth: int = 4,
@@ -108,7 +108,7 @@ class TrainableHead(DraftHead):
         tried = [0] * depth
         accepted, chains = 0, 0
         with torch.inference_mode():
-            for batch in _head_batches(self, records, batch_tokens, max_seq_len):
+            for batch, _ in _head_batches(self, records, batch_tokens, max_seq_len):
                 steps = unrolled(self, batch.input_ids, batch.features, depth)
                 top1 = torch.full_like(batch.input_ids, -1)  # [b, seq]: -1 off the output positions
                 best = batch.target_topk_logprobs.argmax(-1, keepdim=True)
@@ -174,8 +174,11 @@ def head_batch(head: TrainableHead, group: list[tuple[object, TrainingExample]])
     )
 
 
-def _head_batches(head: TrainableHead, records, batch_tokens: int, max_seq_len: int) -> Iterator[HeadBatch]:
-    """Records (their states kept with each record) or examples, in padded batches of `batch_tokens`."""
+def _head_batches(
+    head: TrainableHead, records, batch_tokens: int, max_seq_len: int
+) -> Iterator[tuple[HeadBatch, list[str]]]:
+    """Records (their states kept with each record) or examples, in padded batches of `batch_tokens`,
+    each with the request ids of its rows."""
     pairs = [
         (each, each if isinstance(each, TrainingExample) else examples_from_record(each, max_seq_len))
         for each in records
@@ -183,7 +186,7 @@ def _head_batches(head: TrainableHead, records, batch_tokens: int, max_seq_len: 
     owners = {id(example): owner for owner, example in pairs}
     examples = [example for _, example in pairs if example.num_positions]
     for group in micro_batches(examples, batch_tokens):
-        yield head_batch(head, [(owners[id(example)], example) for example in group])
+        yield head_batch(head, [(owners[id(example)], example) for example in group]), [e.request_id for e in group]
 
 
 def unrolled(head: DraftHead, input_ids: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:

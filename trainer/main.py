@@ -60,7 +60,8 @@ class TrainSettings:
     checkpoint_every_s: float = 30.0
     min_new_records: int = 16
     round_steps: int = 20
-    gate_min_positions: int = 1000
+    gate_min_positions: int = 128  # held-out positions before the first decision (trainer/decision.py)
+    gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
     retry_s: float = 10.0  # between registration attempts while MLflow is down
     lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
 
@@ -73,8 +74,8 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from adaptive_spec.drafters.spec import parse_draft_spec
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from trainer.champion import RegistryChampion
+    from trainer.decision import StatisticalGate, Thresholds
     from trainer.drafts import TARGET_DRAFTS, trainable_draft
-    from trainer.gate import Gate
     from trainer.leader import TrainerLease, holder_id
     from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.pending import PendingRegistrations
@@ -127,7 +128,9 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         checkpoint_dir=data_dir / CHECKPOINT_DIR,
         target_id=settings.target,
         draft_id=settings.draft,
-        gate=Gate(min_positions=settings.gate_min_positions),
+        gate=StatisticalGate(
+            Thresholds(confidence=settings.gate_confidence, min_positions=settings.gate_min_positions)
+        ),
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
     )

@@ -58,11 +58,13 @@ from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
 from trainer.champion import Champion, RegistryChampion, agreement
 from trainer.checkpoint import latest_checkpoint, read_records, write_checkpoint
+from trainer.decision import StatisticalGate
 from trainer.distill import DraftTrainer, LoraSettings
 from trainer.gate import Gate, GateFigures
 from trainer.head_distill import HeadTrainer
 from trainer.head_model import TrainableHead
 from trainer.intake import StreamIntake
+from trainer.rounds import RoundResult, TrainerStatus, result_state, versus
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion, VersionDirs
 
@@ -79,7 +81,7 @@ class OnlineSettings:
     draft_id: str = "draft"
     base_version: str | int | None = None  # an opaque label of what the lineage starts from
     lora: LoraSettings = field(default_factory=LoraSettings)  # a head takes HeadSettings (head_distill.py)
-    gate: Gate = field(default_factory=Gate)
+    gate: StatisticalGate | Gate = field(default_factory=StatisticalGate)  # or the fixed rule of trainer/gate.py
     holdout_fraction: float = 0.1  # of records, by a hash of their request id
     holdout_records: int = 256  # the most recent held-out records the gate scores
     buffer_tokens: int = 200_000  # replay buffer size, in input tokens
@@ -93,25 +95,6 @@ class OnlineSettings:
     def __post_init__(self) -> None:
         if self.min_new_records < 1 or self.round_steps < 1:
             raise ValueError("min_new_records and round_steps must be >= 1")
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """What one call of train_round() did. `trained` is False when it was not time for a round."""
-
-    trained: bool
-    promoted: bool
-    reason: str  # the gate's reason, or why no round ran
-    round: int = 0  # rounds trained so far, this one included (0 when it did not train)
-    steps: int = 0
-    loss: float = math.nan  # mean of the round's step losses
-    first_loss: float = math.nan
-    last_loss: float = math.nan
-    new_records: int = 0  # training records that arrived since the previous round
-    train_s: float = 0.0  # wall time of the train steps
-    candidate: GateFigures | None = None
-    champion: GateFigures | None = None
-    version: int | None = None  # the new champion's version when promoted
 
 
 def _part(part: str, name: str) -> property:
@@ -166,6 +149,7 @@ class OnlineTrainer:
         )
         self.buffer, self.holdout, self.adapters_dir = self.intake.buffer, self.intake.holdout, self.versions.root
         self.champion = Champion(self.trainer, self.versions, champion_source, settings.registry_retry_s)
+        self.status = TrainerStatus(stream.redis, stream.consumer)  # for operators: log and dashboard
         self.batch_tokens = settings.batch_tokens or self.trainer.settings.batch_tokens
         self.rng = np.random.default_rng(self.trainer.settings.seed)
         if state is not None:
@@ -230,7 +214,7 @@ class OnlineTrainer:
         heldout = self.holdout.records  # one snapshot for both sides of the gate
         waiting = self._waiting(heldout)
         if waiting:
-            return RoundResult(False, False, waiting)
+            return self._report(RoundResult(False, False, waiting))
         self.sync_registry()  # the gate must compare against what is served, and training start from it
         champion = self.champion.figures(heldout, self.holdout.revision)
         new_records, self.intake.new_records = self.intake.new_records, 0
@@ -269,9 +253,13 @@ class OnlineTrainer:
             train_s,
             result.first_loss,
             result.last_loss,
-            _versus(candidate, champion),
+            versus(candidate, champion),
             f"promoted v{result.version:04d}" if accepted else f"rolled back ({reason})",
         )
+        return self._report(result)
+
+    def _report(self, result: RoundResult) -> RoundResult:
+        self.status.report(result, self.champion.name())
         return result
 
     def sync_registry(self) -> bool:
@@ -335,6 +323,9 @@ class OnlineTrainer:
         if new_records < needed or not len(self.buffer):
             return f"{new_records} new training records, need {needed}"
         positions = sum(len(record.output_ids) for record in heldout)
+        waiting = getattr(self.gate, "waiting_for", None)
+        if waiting is not None:
+            return waiting(len(heldout), positions)
         if positions < self.gate.min_positions:
             return f"held-out set has {positions} positions, the gate needs {self.gate.min_positions}"
         return None
@@ -391,7 +382,7 @@ class OnlineTrainer:
             f"{self.records_consumed} records ({self.tokens_consumed} tokens) consumed, {len(self.buffer)} buffered, "
             f"{len(self.holdout)} held out, {len(self.intake.unacked)} unacknowledged, {self.rounds} rounds in "
             f"{self.train_s:.1f} s, {self.adapters_promoted} promoted, champion {self.champion.name()}"
-            + (f", last round {_versus(last.candidate, last.champion)}, loss {last.loss:.4f}" if last else "")
+            + (f", last round {versus(last.candidate, last.champion)}, loss {last.loss:.4f}" if last else "")
         )
 
     def _dirty(self) -> bool:
@@ -409,7 +400,7 @@ class OnlineTrainer:
             "new_records": self.intake.new_records,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
             "rng": self.rng.bit_generator.state,
-            "last_result": dataclasses.asdict(self.last_result) if self.last_result else None,
+            "last_result": result_state(self.last_result) if self.last_result else None,
         }
 
     def _restore(self, state: dict, checkpoint: Path) -> None:
@@ -441,10 +432,3 @@ class OnlineTrainer:
 
 _INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
 _COUNTERS = (*_INTAKE_COUNTERS, "train_s", "adapters_promoted", "rounds", "promote_errors")
-
-
-def _versus(candidate: GateFigures, champion: GateFigures) -> str:
-    return (
-        f"greedy match {candidate.greedy_match:.4f} vs champion {champion.greedy_match:.4f}, "
-        f"expected acceptance {candidate.expected_acceptance:.4f} vs {champion.expected_acceptance:.4f}"
-    )

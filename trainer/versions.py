@@ -17,7 +17,6 @@ number is reused.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -95,7 +94,7 @@ class VersionDirs:
     ) -> AdapterVersion:
         """The next version, with the gate's figures (`gate` adds the reason and the thresholds)."""
         number = self.take()
-        figures = {"candidate": dataclasses.asdict(candidate), "champion": dataclasses.asdict(champion), **gate}
+        figures = {"candidate": candidate.as_dict(), "champion": champion.as_dict(), **gate}
         path, sha256 = self.write(
             number,
             save,

@@ -117,6 +117,24 @@ function renderChampion(summary) {
   box.append(list);
 }
 
+function renderTrainer(summary) {
+  const box = document.getElementById("trainer");
+  box.replaceChildren();
+  const status = summary.trainer;
+  if (!status) {
+    box.append(el("p", { class: "muted" }, "No trainer has reported in the last day (adaptive-spec up or train runs one)."));
+    return;
+  }
+  const age = Math.max(0, Math.round(summary.now - status.at));
+  const list = el("dl", { id: "trainer-status", "data-state": status.state });
+  for (const [name, value] of [
+    ["state", status.state], ["says", status.message], ["champion", status.champion ?? "–"],
+    ["rounds", status.round], ["trainer", status.consumer], ["when", `${age} s ago`]]) {
+    list.append(el("dt", {}, name), el("dd", {}, String(value)));
+  }
+  box.append(list);
+}
+
 function renderDrift(summary) {
   const drift = summary.drift;
   const banner = document.getElementById("drift-alert");
@@ -181,6 +199,7 @@ async function refresh() {
     state.versionsDrawn = Object.fromEntries(Object.entries(drawn).filter(([, n]) => n > 0));
     document.getElementById("acceptance-chart").dataset.versions = Object.keys(state.versionsDrawn).join(",");
     renderChampion(summary);
+    renderTrainer(summary);
     renderDrift(summary);
     renderDomains(summary);
     renderEvents(state.events);

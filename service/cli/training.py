@@ -60,8 +60,17 @@ def add_commands(commands) -> None:
     train.add_argument(
         "--gate-min-positions",
         type=positive_int,
-        default=1000,
-        help="held-out positions the gate needs before it may promote (default: %(default)s)",
+        default=128,
+        help="held-out positions (and at least 4 records) before the gate decides anything; after that it "
+        "promotes a candidate once it beats the champion by more than 0.02 in greedy match with "
+        "--gate-confidence (default: %(default)s)",
+    )
+    train.add_argument(
+        "--gate-confidence",
+        type=float,
+        default=0.99,
+        help="one-sided confidence, over held-out records, that the candidate's gain exceeds the margin "
+        "(trainer/decision.py; default: %(default)s)",
     )
     train.add_argument("--checkpoint-every-s", type=float, default=30.0, help="default: %(default)s")
     train.add_argument("--budget-minutes", type=float, default=None, help="stop after this long (default: never)")
@@ -87,6 +96,7 @@ def cmd_train(args) -> int:
         min_new_records=args.min_new_records,
         round_steps=args.round_steps,
         gate_min_positions=args.gate_min_positions,
+        gate_confidence=args.gate_confidence,
         checkpoint_every_s=args.checkpoint_every_s,
         budget_s=args.budget_minutes * 60 if args.budget_minutes else None,
     )

@@ -4,7 +4,7 @@
     curl -s 'localhost:8000/api/stats/series?from=1700000000&to=1700003600'   # step chosen by range
     curl -s 'localhost:8000/api/stats/series?from=1700000000&to=1700086400&step=600'
     curl -s 'localhost:8000/api/stats/events?from=1700000000'                 # swap / rollback markers
-    curl -s 'localhost:8000/api/stats/summary'                                # champion, domains, drift
+    curl -s 'localhost:8000/api/stats/summary'                                # champion, trainer, domains, drift
 
 Times are unix seconds; `to` defaults to now and `from` to an hour before `to`. Without `step`
 the finest stored buckets that give at most `MAX_POINTS` points are used (24 h -> 60 s buckets,
@@ -117,6 +117,7 @@ def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
         "replica": stats.replica,
         "served_version": served,
         "champion": stats.adapter_info(served) if served is not None else None,
+        "trainer": stats.trainer_status(),  # what the trainer did last or waits for (trainer/rounds.py)
         "drift": {
             **drift.as_dict(),
             "window_s": settings.window_s,

@@ -11,6 +11,8 @@ from dashboard_support import make_adapter, send_traffic, settle, swap
 from tiny import tiny_target
 
 from adaptive_spec import Engine
+from adaptive_spec.contracts import TRAINER_STATUS_KEY
+from trainer.rounds import RoundResult, TrainerStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -47,6 +49,16 @@ def test_series_events_and_summary_follow_live_traffic_and_swaps(
         assert summary["champion"]["gate"]["candidate"]["greedy_match"] == 0.5
         assert [d["domain"] for d in summary["domains"]] == ["alpha", "beta"]
         assert {"base", "1"} == {v["version"] for v in summary["versions"]}
+        assert summary["trainer"] is None  # no trainer has reported
+
+        waiting = (
+            "first candidate when the held-out set reaches 128 positions and 4 records: 64 positions in 2 records now"
+        )
+        TrainerStatus(redis_client, "trainer-a").report(RoundResult(False, False, waiting), "the base draft")
+        trainer = httpx.get(server.url + "/api/stats/summary").json()["trainer"]
+        assert trainer["state"] == "waiting" and trainer["message"] == waiting
+        assert trainer["consumer"] == "trainer-a" and trainer["champion"] == "the base draft"
+        assert 0 < redis_client.ttl(TRAINER_STATUS_KEY) <= 86400  # bounded: a stopped trainer's word expires
 
 
 def test_drift_alert_on_the_page_data_and_in_prometheus(live_server, engine, redis_url, redis_client, tmp_path):

@@ -22,6 +22,7 @@ from tiny import tiny_target
 from adaptive_spec import Engine
 from adaptive_spec.stats import RequestStats, StepStats
 from service.stats_store import StatsRecorder
+from trainer.rounds import RoundResult, TrainerStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -94,6 +95,10 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
             send_traffic(server.url, 3, domain, seed=phase)
             served += 3
             settle(service, served)
+        waiting = (
+            "first candidate when the held-out set reaches 128 positions and 4 records: 64 positions in 2 records now"
+        )
+        TrainerStatus(redis_client, "trainer-a").report(RoundResult(False, False, waiting), "the base draft")
 
         page = offline_page(browser)
         seconds = open_dashboard(page, server.url + "/dashboard")
@@ -114,6 +119,8 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
         assert page.locator("#events li[data-kind=rollback][data-version='1']").count() == 1
         assert page.locator("#champion-figures").get_attribute("data-version") == "1"
         assert "0.310" in page.locator("#champion").inner_text()  # v1's gated greedy match
+        assert page.locator("#trainer-status").get_attribute("data-state") == "waiting"
+        assert waiting in page.locator("#trainer").inner_text()
         assert page.locator("#domains tr[data-domain=json]").count() == 1
         assert page.locator("#domains tr[data-domain=sql]").count() == 1
         assert page.locator("canvas").count() >= 3

@@ -91,6 +91,18 @@ def test_agreement_equals_a_slow_reference_whatever_the_batching(target):
     assert empty.positions == 0 and math.isnan(empty.greedy_match) and math.isnan(empty.expected_acceptance)
 
 
+def test_per_record_scores_add_up_to_the_totals_whatever_the_batching(target):
+    draft = build_early_exit(target, 2)
+    records = logged_records(target, 9, m=[4, 8, 16, 4, 8, 16, 4, 8, 16])
+    alone = [draft_agreement(draft, [record]) for record in sorted(records, key=lambda r: r.request_id)]
+    for batch_tokens in (1, 40, 100_000):
+        scores = draft_agreement(draft, records, batch_tokens=batch_tokens).records
+        assert scores.records == len(records)  # one entry per record, in request-id order
+        assert scores.positions.tolist() == [figures.positions for figures in alone]
+        assert scores.matched.tolist() == [round(f.greedy_match * f.positions) for f in alone]
+        assert scores.expected == pytest.approx([f.expected_acceptance * f.positions for f in alone], abs=1e-4)
+
+
 def test_target_as_its_own_draft_shows_the_figure_is_a_top_m_lower_bound(target):
     for m in (4, VOCAB):
         records = logged_records(target, 5, m=m, seed=1)

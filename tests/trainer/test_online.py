@@ -32,10 +32,11 @@ import torch
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError
-from adaptive_spec.contracts import METADATA_FILE
+from adaptive_spec.contracts import METADATA_FILE, TRAINER_STATUS_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
+from trainer.decision import StatisticalGate
 from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
 from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
@@ -216,6 +217,26 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     (tampered / "adapter_model.safetensors").write_bytes(weights)
     with pytest.raises(AdapterError, match="checksum"):
         AdapterDir(tampered).verify()
+
+
+def test_the_default_statistical_gate_says_what_it_waits_for_and_promotes_before_1000_positions(
+    target, records, redis_client, tmp_path
+):
+    stream = "test:online:statistical"
+    redis_client.delete(stream)
+    append(redis_client, stream, records)
+    trainer = make_trainer(target, redis_client, stream, "statistical", tmp_path, gate=StatisticalGate(), read_count=8)
+    results = []
+    while trainer.poll(block_ms=0):
+        results.append(trainer.train_round())
+    assert any(r.reason.startswith("first candidate when the held-out set reaches 128 positions") for r in results)
+    promoted = [r for r in results if r.promoted]
+    assert promoted, [r.reason for r in results]
+    assert promoted[0].candidate.positions < 1000  # the fixed gate's floor: never reached by this traffic
+    assert "confidence, promoted" in promoted[0].reason
+    assert all(r.candidate.positions == r.champion.positions for r in results if r.trained)
+    status = json.loads(redis_client.get(TRAINER_STATUS_KEY))  # what the dashboard shows
+    assert status["message"] == results[-1].reason and status["consumer"] == "statistical"
 
 
 def test_lr0_trainer_promotes_nothing(target, records, redis_client, tmp_path):
