@@ -199,12 +199,26 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
 # ---------------------------------------------------------------------------------------- servers
 
 
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child process's environment: this one without Redis or MLflow (a benchmark's servers talk to
+    none unless `extra` names them), plus `extra`."""
+    env = {key: value for key, value in os.environ.items() if key not in (REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV)}
+    return {**env, **(extra or {})}
+
+
 @contextmanager
-def served(settings: ServeBenchSettings, max_batch: int, data_dir: Path, log: Callable[[str], None]):
-    """An `adaptive-spec serve` on a free loopback port; yields its URL and stops it (SIGTERM, by pid)."""
+def served(
+    settings: ServeBenchSettings,
+    max_batch: int,
+    data_dir: Path,
+    log: Callable[[str], None],
+    extra_env: dict[str, str] | None = None,
+):
+    """An `adaptive-spec serve` on a free loopback port; yields its URL and stops it (SIGTERM, by pid).
+    `extra_env` is added last (a Redis, a registry, settings of its own)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = {key: value for key, value in os.environ.items() if key not in (REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV)}
+    env = child_env()
     served_settings = {
         "MAX_BATCH": str(max_batch),
         "ADAPTER_POLL_S": "0",
@@ -213,6 +227,7 @@ def served(settings: ServeBenchSettings, max_batch: int, data_dir: Path, log: Ca
         **({"ADAPTER": str(settings.adapter)} if settings.adapter else {}),
     }
     env.update({ENV_PREFIX + name: value for name, value in served_settings.items()})
+    env.update(extra_env or {})
     command = [
         *settings.cli,
         "serve",

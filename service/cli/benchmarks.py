@@ -54,8 +54,9 @@ def add_commands(commands) -> None:
     drift.add_argument(
         "--eval-prompts",
         type=positive_int,
-        default=24,
-        help="held-out prompts measured before and after (default: %(default)s)",
+        default=None,
+        help="held-out prompts measured before and after (default: 24), or per prompt set at each phase's end "
+        "with --scenario (default: 8)",
     )
     drift.add_argument(
         "--train-tail-s",
@@ -71,7 +72,22 @@ def add_commands(commands) -> None:
         help="also measure the held-out prompts after training at these fixed k, e.g. 1,3 "
         "(the budget reserves time for them)",
     )
+    drift.add_argument(
+        "--scenario",
+        metavar="PHASES",
+        help="drift that comes and goes: phases NAME:SECONDS, comma-separated, e.g. python:600,sql:600,python:300,mix:600; "
+        "NAME is a shipped set, a JSONL prompt file, or mix (all the sets named). Traffic goes through a real "
+        "server with the trainer running and through a static one (the base draft, no training) side by side; "
+        "--budget-minutes, --prompts, --domain and --after-k do not apply",
+    )
+    drift.add_argument(
+        "--concurrency", type=positive_int, default=1, help="users sending traffic (--scenario; default: %(default)s)"
+    )
+    drift.add_argument(
+        "--window-s", type=float, default=30.0, help="live acceptance windows (--scenario; default: %(default)s)"
+    )
     drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    drift.add_argument("--plot", type=Path, metavar="FILE.png", help="draw live acceptance over time (--scenario)")
     model_options(drift)
     drift.set_defaults(func=cmd_bench_drift)
 
@@ -156,13 +172,17 @@ def cmd_bench_drift(args) -> int:
     from adaptive_spec.prompts import load_prompts, shipped
     from service.benchmarks.drift import DriftSettings, format_report, run_drift, temporary_workdir
 
+    if args.scenario:
+        return _bench_scenario(args)
+    if args.plot:
+        raise_input("--plot draws a --scenario run")
     if args.budget_minutes <= 0:
         raise_input("--budget-minutes must be positive")
     items = load_prompts(args.prompts or shipped(args.domain))
     domain = args.prompts.stem if args.prompts else args.domain
     settings = DriftSettings(
         budget_minutes=args.budget_minutes,
-        eval_prompts=args.eval_prompts,
+        eval_prompts=args.eval_prompts or 24,
         max_new_tokens=args.max_new_tokens,
         k=args.k,
         train_tail_s=args.train_tail_s,
@@ -178,6 +198,38 @@ def cmd_bench_drift(args) -> int:
     print(format_report(figures))
     write_json(args.json, figures)
     return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
+
+
+def _bench_scenario(args) -> int:
+    from adaptive_spec.prompts import PromptFileError
+    from service.benchmarks.scenario import ScenarioSettings, parse_scenario, run_scenario
+    from service.benchmarks.scenario_report import format_report, plot
+
+    if args.window_s <= 0:
+        raise_input("--window-s must be positive")
+    try:
+        phases = parse_scenario(args.scenario)
+    except (ValueError, PromptFileError) as exc:
+        raise_input(str(exc))
+    settings = ScenarioSettings(
+        tuple(phases),
+        args.target,
+        args.draft,
+        k=args.k,
+        dtype=args.dtype,
+        device=args.device,
+        concurrency=args.concurrency,
+        max_new_tokens=args.max_new_tokens,
+        eval_prompts=args.eval_prompts or 8,
+        window_s=args.window_s,
+    )
+    figures = run_scenario(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_report(figures))
+    write_json(args.json, figures)
+    if args.plot:
+        plot(figures, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0 if figures["identical"] else 1
 
 
 def cmd_bench_swap(args) -> int:
