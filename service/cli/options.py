@@ -34,6 +34,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def confidence(text: str) -> float:
+    """A one-sided confidence in [0.5, 1), e.g. 0.99."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.99, got {text!r}") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0.5 and below 1, got {value}")
+    return value
+
+
 def k_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(","))

@@ -14,7 +14,7 @@ from pathlib import Path
 from adaptive_spec.contracts import DATA_DIR_ENV, REDIS_URL_ENV
 from adaptive_spec.engine import DEFAULT_DRAFT
 from adaptive_spec.models import DEFAULT_MODEL
-from service.cli.options import DTYPES, positive_int
+from service.cli.options import DTYPES, confidence, positive_int
 
 
 def add_commands(commands) -> None:
@@ -67,7 +67,7 @@ def add_commands(commands) -> None:
     )
     train.add_argument(
         "--gate-confidence",
-        type=float,
+        type=confidence,
         default=0.99,
         help="one-sided confidence, over held-out records, that the candidate's gain exceeds the margin "
         "(trainer/decision.py; default: %(default)s)",

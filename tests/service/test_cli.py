@@ -57,3 +57,39 @@ def test_a_command_that_needs_redis_does_load_it(tmp_path):
     """The same check sees service code when a command uses it: `adapters list` on an empty sqlite store."""
     outcome, result = run_command(["adapters", "list", "--data-dir", str(tmp_path)], tmp_path)
     assert outcome["code"] == 0 and "mlflow" in outcome["loaded"], result.stderr[-3000:]
+
+
+BAD_ARGUMENTS = [
+    (["train", "--gate-confidence", "1.5"], "--gate-confidence: must be at least 0.5 and below 1"),
+    (["train", "--gate-confidence", "high"], "--gate-confidence: expected a number"),
+    (["bench-drift", "--scenario", "python"], "'python' is not NAME:SECONDS"),
+    (["bench-drift", "--scenario", "python:0"], "the duration must be positive"),
+    (["bench-drift", "--scenario", "nosuchset:60"], "no shipped prompt set 'nosuchset'"),
+    (["bench-drift", "--scenario", "mix:60"], "name at least one"),
+    (["bench-drift", "--plot", "drift.png"], "--plot draws a --scenario run"),
+]
+
+
+def test_bad_arguments_exit_2_saying_what_is_wrong_before_loading_anything(tmp_path):
+    """Each command line in one fresh interpreter (argparse's errors exit, ours return 2)."""
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from service.cli import main\n"
+        "out = []\n"
+        f"for argv in {[argv for argv, _ in BAD_ARGUMENTS]!r}:\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as exc:\n"
+        "            code = exc.code\n"
+        "    out.append([code, err.getvalue()])\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "ADAPTIVE_SPEC_DATA_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = json.loads(result.stdout.strip().splitlines()[-1])
+    for (argv, says), (code, stderr) in zip(BAD_ARGUMENTS, outcomes, strict=True):
+        assert code == 2 and says in stderr and "Traceback" not in stderr, (argv, code, stderr)
