@@ -84,6 +84,7 @@ class OnlineSettings:
     gate: StatisticalGate | Gate = field(default_factory=StatisticalGate)  # or the fixed rule of trainer/gate.py
     holdout_fraction: float = 0.1  # of records, by a hash of their request id
     holdout_records: int = 256  # the most recent held-out records the gate scores
+    holdout_warmup: int = 8  # until this many are held out, 1 record in 3 is (trainer/buffer.py HoldoutSplit)
     buffer_tokens: int = 200_000  # replay buffer size, in input tokens
     min_new_records: int = 16  # new training records before a round
     round_steps: int = 20  # optimiser steps per round
@@ -140,7 +141,11 @@ class OnlineTrainer:
         )
         self.intake = StreamIntake(
             stream,
-            HoldoutSplit(settings.holdout_fraction, settings.holdout_records),
+            HoldoutSplit(
+                settings.holdout_fraction,
+                settings.holdout_records,
+                warmup_records=min(settings.holdout_warmup, settings.holdout_records),
+            ),
             ReplayBuffer(settings.buffer_tokens),
             self.trainer.settings.max_seq_len,
             ack_at_once=self.checkpoint_dir is None,

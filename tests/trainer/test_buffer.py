@@ -96,6 +96,26 @@ def test_holdout_decision_is_a_stable_hash_of_the_request_id():
     assert all(HoldoutSplit(fraction=1.0).is_held_out(i) for i in ids[:1000])
 
 
+def test_a_cold_holdout_takes_one_record_in_three_and_every_delivery_keeps_its_place(make_record):
+    records = [make_record(seed, n_out=4, m=2, vocab=64) for seed in range(200)]
+    split = HoldoutSplit(fraction=0.1, warmup_records=6)
+    routed = [split.add(record) for record in records]
+    warm_at = [i for i, held in enumerate(routed) if held][5]  # the sixth held out warms the store
+    assert len(split) > 6 and split.warmup_records == 6
+    early = [split._number(r.request_id) < 1 / 3 for r in records[: warm_at + 1]]
+    assert routed[: warm_at + 1] == early  # cold: one in three
+    assert routed[warm_at + 1 :] == [split.is_held_out(r.request_id) for r in records[warm_at + 1 :]]  # warm
+    assert warm_at < 40  # six held out within the first 40 records, where 1 in 10 would take about 60
+    assert [split.add(record) for record in records] == routed  # every redelivery keeps its place
+    restored = HoldoutSplit(fraction=0.1, warmup_records=6)  # a checkpoint restores held-out records first
+    for record in split.records:
+        assert restored.add(record)
+    held = {record.request_id for record in split.records}
+    assert not any(restored.add(record) for record in records if record.request_id not in held)
+    with pytest.raises(ValueError):
+        HoldoutSplit(max_records=4, warmup_records=5)
+
+
 def test_holdout_keeps_the_most_recent_and_ignores_duplicates(make_record):
     split = HoldoutSplit(fraction=0.5, max_records=3)
     records = [make_record(seed, n_out=4, m=2, vocab=64) for seed in range(40)]

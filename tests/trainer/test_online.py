@@ -225,7 +225,9 @@ def test_the_default_statistical_gate_says_what_it_waits_for_and_promotes_before
     stream = "test:online:statistical"
     redis_client.delete(stream)
     append(redis_client, stream, records)
-    trainer = make_trainer(target, redis_client, stream, "statistical", tmp_path, gate=StatisticalGate(), read_count=8)
+    trainer = make_trainer(
+        target, redis_client, stream, "statistical", tmp_path, gate=StatisticalGate(), read_count=4, min_new_records=4
+    )
     results = []
     while trainer.poll(block_ms=0):
         results.append(trainer.train_round())
