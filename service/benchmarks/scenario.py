@@ -14,7 +14,10 @@ temporary directory, the **adaptive** server (`adaptive-spec serve` logging corr
 its watcher following the champion every second), `adaptive-spec train` on the same Redis and
 MLflow, and the **static** server (the base draft, no Redis, no registry). Every user sends a
 greedy chat completion to the adaptive server and then the same one to the static server, so both
-see the same traffic in the same minutes of the machine's life. Both decode with dynamic k.
+see the same traffic in the same minutes of the machine's life. Both decode with dynamic k, on all
+cores but one (OMP_NUM_THREADS); the trainer trains on one thread. With the servers on both of 2
+cores beside the trainer's thread, OpenMP's workers waited on a preempted sibling at every step:
+92 adaptive requests in 20 minutes of the first full run.
 
 Measured (the JSON, a contract in DESIGN.md; extra keys are welcome):
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import subprocess
 import sys
@@ -144,11 +148,18 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
         serve = ServeBenchSettings(settings.target, settings.draft, None, settings.k, settings.dtype,
                                    settings.device, concurrency=(settings.concurrency,), cli=settings.cli)  # fmt: skip
+        threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}  # one core is the trainer's
         urls = {
             "adaptive": stack.enter_context(
-                served(serve, settings.max_batch, data, log, extra_env={**shared, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "1"})
+                served(
+                    serve,
+                    settings.max_batch,
+                    data,
+                    log,
+                    extra_env={**shared, **threads, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "1"},
+                )
             ),
-            "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log)),
+            "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log, extra_env=threads)),
         }
         stack.enter_context(_trainer(settings, data, shared, log))
         for name, prompt_set in sets.items():
