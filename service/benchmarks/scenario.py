@@ -162,11 +162,12 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
             "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log, extra_env=threads)),
         }
         stack.enter_context(_trainer(settings, data, shared, log))
+        alone: dict[str, list[Reply]] = {"adaptive": [], "static": []}  # the target alone on each server
         for name, prompt_set in sets.items():
-            log(f"reference: the target alone on {len(prompt_set.heldout)} held-out prompts of {name}")
-            prompt_set.reference = [
-                r.text for r in asyncio.run(_once(urls["static"], prompt_set.heldout, settings, False))
-            ]
+            log(f"reference: the target alone on {len(prompt_set.heldout)} held-out prompts of {name}, both servers")
+            for server in ("static", "adaptive"):
+                alone[server] += asyncio.run(_once(urls[server], prompt_set.heldout, settings, False))
+            prompt_set.reference = [r.text for r in alone["static"][-len(prompt_set.heldout) :]]
         wall_start, started = time.time(), time.monotonic()
         replies: list[Reply] = []
         phases = []
@@ -196,7 +197,16 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
             log(f"  held-out acceptance: adaptive {_fmt(phases[-1]['heldout_acceptance'])}, "
                 f"static {_fmt(phases[-1]['heldout_static_acceptance'])}")  # fmt: skip
         events = _events(urls["adaptive"], wall_start)
-    return summarize(settings, phases, replies, events)
+    result = summarize(settings, phases, replies, events)
+    # Two server processes differ in speed on their own (each calibrates its CPU kernels at start);
+    # their ratio with the target alone on the same prompts says how much of `speedup` is that.
+    process_ratio = _ratio(_tok_s(alone["adaptive"]), _tok_s(alone["static"]))
+    result["overall"]["target_alone_ratio"] = process_ratio
+    result["overall"]["speedup_net_of_processes"] = _ratio(result["overall"]["speedup"], process_ratio)
+    result["identical"] = result["identical"] and [r.text for r in alone["adaptive"]] == [
+        r.text for r in alone["static"]
+    ]
+    return result
 
 
 def summarize(settings: ScenarioSettings, phases: list[dict], replies: list[Reply], events: list[dict]) -> dict:
@@ -396,6 +406,10 @@ def _events(url: str, since: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------- figures
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
 
 
 def _acceptance(replies: list[Reply]) -> float | None:

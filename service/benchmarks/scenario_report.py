@@ -29,8 +29,14 @@ def format_report(result: dict) -> str:
     lines.append(
         f"overall: acceptance {_fmt(overall['adaptive_acceptance'])} adaptive vs {_fmt(overall['static_acceptance'])} "
         f"static; {_fmt(overall['adaptive_tok_s'], '.1f')} vs {_fmt(overall['static_tok_s'], '.1f')} tok/s "
-        f"({_fmt(overall['speedup'], '.2f')}x) over {overall['requests']} requests"
+        f"({_fmt(overall['speedup'], '.2f')}x) over {overall['requests']} requests; mean acceptance length "
+        f"{_fmt(overall['adaptive_mean_acceptance_length'])} vs {_fmt(overall['static_mean_acceptance_length'])}"
     )
+    if "target_alone_ratio" in overall:
+        lines.append(
+            f"the two servers with the target alone on the held-out prompts: {_fmt(overall['target_alone_ratio'], '.2f')}x; "
+            f"speedup net of that: {_fmt(overall['speedup_net_of_processes'], '.2f')}x"
+        )
     first = result["first_promotion_s"]
     lines.append(f"first promoted adapter served after {_fmt(first, '.0f')} s of traffic; "
                  f"{sum(e['kind'] == 'swap' for e in result['events'])} swaps, "

@@ -58,6 +58,7 @@ def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_d
     assert "return_ratio" in result["phases"][2] and "return_ratio" not in result["phases"][1]
     assert set(result["overall"]) >= {"adaptive_acceptance", "static_acceptance", "adaptive_tok_s", "static_tok_s"}
     assert result["overall"]["requests"] > 0 and result["overall"]["static_tok_s"] > 0
+    assert result["overall"]["target_alone_ratio"] > 0 and result["overall"]["speedup_net_of_processes"] > 0
     served = sum(w["adaptive"]["requests"] for w in result["windows"])
     assert served == sum(w["static"]["requests"] for w in result["windows"]) == result["overall"]["requests"]
     json.dumps(result)  # the JSON the CLI writes
