@@ -196,6 +196,8 @@ class OnlineTrainer:
             redis_down = False
             if self.intake.new_records >= self.settings.min_new_records:
                 self.train_round()
+            elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
+                self._report(RoundResult(False, False, self._waiting(self.holdout.records) or "waiting for records"))
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 if self.checkpoint_dir is not None and self._dirty():
                     self.checkpoint()

@@ -27,6 +27,7 @@ from trainer.gate import GateFigures
 log = logging.getLogger("trainer.online")
 
 STATUS_TTL_S = 86400
+REWRITE_S = 30.0  # an unchanged status is written again after this long, so its age stays true
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TrainerStatus:
     def __init__(self, client: redis.Redis | None, consumer: str) -> None:
         self.client, self.consumer = client, consumer
         self.last: str | None = None
+        self._written_at = -math.inf  # monotonic time of the last write to Redis
 
     def report(self, result: RoundResult, champion: str | None = None) -> dict:
         """Record what `result` says; returns the status written."""
@@ -83,9 +85,13 @@ class TrainerStatus:
             "candidate": result.candidate.as_dict() if result.candidate else None,
             "champion_figures": result.champion.as_dict() if result.champion else None,
         }
-        if state == "waiting" and result.reason != self.last:  # a trained round logs itself (online.py)
+        changed = result.reason != self.last
+        if state == "waiting" and changed:  # a trained round logs itself (online.py)
             log.info("waiting: %s", result.reason)
         self.last = result.reason
+        if not changed and time.monotonic() - self._written_at < REWRITE_S:
+            return status  # the same word again: the dashboard's copy is fresh enough
+        self._written_at = time.monotonic()
         if self.client is not None:
             try:
                 self.client.set(TRAINER_STATUS_KEY, json.dumps(status, default=_finite), ex=STATUS_TTL_S)

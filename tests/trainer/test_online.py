@@ -385,6 +385,15 @@ def test_run_rides_out_a_redis_restart(target, records, redis_server, tmp_path):
     client.close()
 
 
+def test_before_its_first_round_a_running_trainer_says_what_it_waits_for(target, records, redis_client, tmp_path):
+    append(redis_client, "test:online:waiting", records[:5])
+    trainer = make_trainer(target, redis_client, "test:online:waiting", "patient", tmp_path, min_new_records=1000)
+    trainer.run(threading.Event(), budget_s=1.5, poll_block_ms=100)
+    status = json.loads(redis_client.get(TRAINER_STATUS_KEY))  # what the dashboard shows a new user
+    assert status["state"] == "waiting" and status["round"] == 0
+    assert status["message"] == f"{trainer.intake.new_records} new training records, need 1000"
+
+
 # ---------------------------------------------------------------- resume
 
 
