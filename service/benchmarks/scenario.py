@@ -3,40 +3,23 @@
     adaptive-spec bench-drift --scenario python:600,sql:600,python:300,mix:600 --json drift.json --plot drift.png
     adaptive-spec bench-drift --scenario my-traffic.jsonl:300,chat:300 --concurrency 2
 
-A scenario is a list of phases, each `NAME:SECONDS`: a shipped prompt set (`python`, `sql`, `chat`,
-...), a JSONL prompt file (its stem names the phase), or `mix`, which draws from every set the
-scenario names. Each set's first `eval_prompts` prompts (after a seeded shuffle) are held out and
-never served.
+A phase is `NAME:SECONDS`: a shipped prompt set, a JSONL prompt file (its stem names the phase), or
+`mix` (every set the scenario names). Each set's first `eval_prompts` prompts (after a seeded
+shuffle) are held out and never served.
 
-What runs, all started here and stopped by pid at the end: a redis-server on loopback (always a new
-one: the benchmark's records must not reach a production stream), MLflow on a sqlite file in a
-temporary directory, the **adaptive** server (`adaptive-spec serve` logging correction records,
-its watcher following the champion every second), `adaptive-spec train` on the same Redis and
-MLflow, and the **static** server (the base draft, no Redis, no registry). Every user sends a
-greedy chat completion to the adaptive server and then the same one to the static server, so both
-see the same traffic in the same minutes of the machine's life. Both decode with dynamic k, on all
-cores but one (OMP_NUM_THREADS); the trainer trains on one thread. With the servers on both of 2
-cores beside the trainer's thread, OpenMP's workers waited on a preempted sibling at every step:
-92 adaptive requests in 20 minutes of the first full run.
+Started here and stopped by pid: a new redis-server on loopback (records never reach a production
+stream), MLflow on sqlite in a temporary directory, the **adaptive** server (logging records, its
+watcher polling every second) with `adaptive-spec train` beside it, and the **static** server (the
+base draft, no Redis, no registry). Every prompt goes to both, in alternating order, with dynamic k.
+The servers decode on all cores but one and the trainer on the last: with both on 2 cores beside
+the trainer, OpenMP's workers waited on a preempted sibling at every step (92 adaptive requests in
+20 minutes of the first full run).
 
-Measured (the JSON, a contract in DESIGN.md; extra keys are welcome):
-
-- `windows`: per `window_s` (30 s) window of live traffic and per server, acceptance (accepted
-  over drafted tokens), output tokens and the time spent in its requests;
-- per phase: `start_s`, `end_s` (seconds since the traffic began), `plateau_acceptance` (the
-  adaptive server's acceptance over the last third of the phase, at least the last two windows),
-  `recover_s` (seconds from the phase start to the end of the first window whose acceptance
-  reaches 80% of the plateau; null if none did), `static_acceptance` (the static server over the
-  phase), `heldout_acceptance` (the adaptive server on the phase's held-out prompts right after
-  the phase; for `mix`, every set's), `heldout_static_acceptance`, and `return_ratio` when its
-  domain was seen before (its acceptance over the first 60 s of the return over its last plateau);
-- `overall`: acceptance of each server over all live traffic, and its output tokens/s (tokens over
-  the time spent in its requests); `first_promotion_s`, when the adaptive server first swapped in
-  an adapter (from its dashboard store's markers); `events`, every swap and rollback;
-- `identical`: every live reply of the two servers is the same text, and every held-out reply
-  equals the target alone's (decoded once per set with `speculative: false`).
-
-A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+The figures (`summarize`; JSON keys in DESIGN.md; a run in the README): live windows per server;
+per phase its times, plateau (last third), `recover_s` (to 80% of it), held-out and static
+acceptance, `return_ratio` (first 60 s back over the last plateau); `overall` per server, with
+`target_alone_ratio` (the processes' own speed ratio); `first_promotion_s`; `identical`. A
+benchmark, not a test: the figures depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -61,6 +44,7 @@ from adaptive_spec.prompts import PromptItem, load_prompts, prompt_source
 from service.benchmarks.drift import split_prompts
 from service.benchmarks.serve import ServeBenchSettings, child_env, served
 from service.local_redis import started_server
+from service.stats_queries import ratio
 
 MIX = "mix"
 RECOVER_FRACTION = 0.8  # recovered: a window at this fraction of the phase's plateau
@@ -200,9 +184,9 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
     result = summarize(settings, phases, replies, events)
     # Two server processes differ in speed on their own (each calibrates its CPU kernels at start);
     # their ratio with the target alone on the same prompts says how much of `speedup` is that.
-    process_ratio = _ratio(_tok_s(alone["adaptive"]), _tok_s(alone["static"]))
+    process_ratio = ratio(_tok_s(alone["adaptive"]), _tok_s(alone["static"]))
     result["overall"]["target_alone_ratio"] = process_ratio
-    result["overall"]["speedup_net_of_processes"] = _ratio(result["overall"]["speedup"], process_ratio)
+    result["overall"]["speedup_net_of_processes"] = ratio(result["overall"]["speedup"], process_ratio)
     result["identical"] = result["identical"] and [r.text for r in alone["adaptive"]] == [
         r.text for r in alone["static"]
     ]
@@ -248,11 +232,7 @@ def summarize(settings: ScenarioSettings, phases: list[dict], replies: list[Repl
         "static_tok_s": _tok_s([r for r in replies if r.server == "static"]),
         "requests": len(replies) // 2,
     }
-    overall["speedup"] = (
-        overall["adaptive_tok_s"] / overall["static_tok_s"]
-        if overall["adaptive_tok_s"] and overall["static_tok_s"]
-        else None
-    )
+    overall["speedup"] = ratio(overall["adaptive_tok_s"], overall["static_tok_s"])
     first_served = next((r for r in sorted(replies, key=lambda r: r.end_s) if r.adapter_version is not None), None)
     return {
         "phases": phases,
@@ -406,10 +386,6 @@ def _events(url: str, since: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------- figures
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return numerator / denominator if numerator is not None and denominator else None
 
 
 def _acceptance(replies: list[Reply]) -> float | None:
