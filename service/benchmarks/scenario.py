@@ -42,7 +42,7 @@ import httpx
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.prompts import PromptItem, load_prompts, prompt_source
 from service.benchmarks.drift import split_prompts
-from service.benchmarks.serve import ServeBenchSettings, child_env, served
+from service.benchmarks.serve import ServeBenchSettings, child_env, served, stop_process
 from service.local_redis import started_server
 from service.stats_queries import ratio
 
@@ -50,6 +50,7 @@ MIX = "mix"
 RECOVER_FRACTION = 0.8  # recovered: a window at this fraction of the phase's plateau
 RETURN_S = 60.0  # a returning domain's acceptance is taken over its first minute back
 TRAINER_START_TIMEOUT_S = 600.0
+SERVED_NAME = "scenario"  # the model name both servers answer to (ADAPTIVE_SPEC_SERVED_MODEL_NAME)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,10 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
         serve = ServeBenchSettings(settings.target, settings.draft, None, settings.k, settings.dtype,
                                    settings.device, concurrency=(settings.concurrency,), cli=settings.cli)  # fmt: skip
-        threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}  # one core is the trainer's
+        both = {  # the two servers' environment: all cores but the trainer's, one model name
+            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
+            "ADAPTIVE_SPEC_SERVED_MODEL_NAME": SERVED_NAME,
+        }
         urls = {
             "adaptive": stack.enter_context(
                 served(
@@ -140,10 +144,10 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
                     settings.max_batch,
                     data,
                     log,
-                    extra_env={**shared, **threads, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "1"},
+                    extra_env={**shared, **both, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "1"},
                 )
             ),
-            "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log, extra_env=threads)),
+            "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log, extra_env=both)),
         }
         stack.enter_context(_trainer(settings, data, shared, log))
         alone: dict[str, list[Reply]] = {"adaptive": [], "static": []}  # the target alone on each server
@@ -303,20 +307,14 @@ def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, st
             time.sleep(0.5)
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, 120)  # a round under way finishes and checkpoints first
 
 
 # ---------------------------------------------------------------------------------------- clients
 
 
 def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool) -> tuple[str, dict]:
-    body = {"model": "served", "max_tokens": max_tokens, "temperature": 0,
+    body = {"model": SERVED_NAME, "max_tokens": max_tokens, "temperature": 0,
             "adaptive_spec": {"speculative": speculative, "log": log_record}}  # fmt: skip
     if item.response_format is not None:
         body["response_format"] = item.response_format
@@ -330,7 +328,6 @@ def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool
 async def _ask(client: httpx.AsyncClient, url: str, item: PromptItem, settings: ScenarioSettings, *,
                speculative: bool = True, log_record: bool = False) -> tuple[dict, float]:  # fmt: skip
     path, body = _body(item, settings.max_new_tokens, speculative, log_record)
-    body["model"] = (await client.get(url + "/v1/models")).raise_for_status().json()["data"][0]["id"]
     sent = time.monotonic()
     reply = (await client.post(url + path, json=body)).raise_for_status().json()
     return reply, time.monotonic() - sent

@@ -259,13 +259,18 @@ def served(
         _wait_until_up(url, process, log_path)
         yield url
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, 60)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM a child this benchmark started (by its pid), SIGKILL it after `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_until_up(url: str, process: subprocess.Popen, log_path: Path) -> None:
@@ -301,13 +306,14 @@ def _body(item: PromptItem, model: str, max_tokens: int, speculative: bool, stre
     return "/v1/chat/completions", {**body, "messages": item.prompt}
 
 
-async def _model(client: httpx.AsyncClient, url: str) -> str:
+async def model_name(client: httpx.AsyncClient, url: str) -> str:
+    """The model a server serves, as its /v1/models names it."""
     return (await client.get(url + "/v1/models")).raise_for_status().json()["data"][0]["id"]
 
 
 async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list[str]:
     async with httpx.AsyncClient(timeout=3600) as client:
-        model = await _model(client, url)
+        model = await model_name(client, url)
         texts = []
         for item in items:
             path, body = _body(item, model, max_tokens, speculative=False, stream=False)
@@ -342,7 +348,7 @@ async def _closed_loop(
     """`users` closed-loop users for `duration_s`; requests under way at the end finish."""
     deadline = time.monotonic() + duration_s
     async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=users + 2)) as client:
-        model = await _model(client, url)
+        model = await model_name(client, url)
         per_user = await asyncio.gather(
             *(
                 _user(client, url, model, items, u, users, deadline, settings.max_new_tokens, speculative)
