@@ -130,8 +130,9 @@ def decide(candidate: RecordScores, champion: RecordScores, thresholds: Threshol
         return Decision(False, f"the two drafts were scored on different held-out records ({candidate.records} "
                                f"vs {champion.records}); not compared")  # fmt: skip
     records, positions = candidate.records, candidate.total_positions
-    if records < bar.min_records or positions < bar.min_positions:
-        return Decision(False, waiting_for(records, positions, bar), records=records, positions=positions)
+    waiting = waiting_for(records, positions, bar)
+    if waiting:
+        return Decision(False, waiting, records=records, positions=positions)
     gain, se = paired_gain(candidate, champion)
     if se > 0:
         confidence = student_t_cdf((gain - bar.margin) / se, records - 1)
@@ -151,9 +152,11 @@ def decide(candidate: RecordScores, champion: RecordScores, thresholds: Threshol
     return Decision(True, f"{versus}, {_percent(confidence)} confidence, promoted", **figures)
 
 
-def waiting_for(records: int, positions: int, thresholds: Thresholds) -> str:
-    """What the first decision waits for: "first candidate when the held-out set reaches 128 positions
-    and 4 records: 64 positions in 2 records now"."""
+def waiting_for(records: int, positions: int, thresholds: Thresholds) -> str | None:
+    """What the first decision waits for, "first candidate when the held-out set reaches 128 positions
+    and 4 records: 64 positions in 2 records now", or None once the floors hold."""
+    if records >= thresholds.min_records and positions >= thresholds.min_positions:
+        return None
     return (
         f"first candidate when the held-out set reaches {thresholds.min_positions} positions and "
         f"{thresholds.min_records} records: {positions} positions in {records} records now"
@@ -186,10 +189,7 @@ class StatisticalGate:
 
     def waiting_for(self, records: int, positions: int) -> str | None:
         """What the first decision still waits for, or None once the floors hold."""
-        bar = self.thresholds
-        if records >= bar.min_records and positions >= bar.min_positions:
-            return None
-        return waiting_for(records, positions, bar)
+        return waiting_for(records, positions, self.thresholds)
 
     def last_decision(self, candidate, champion) -> Decision:
         scores = getattr(candidate, "records", None), getattr(champion, "records", None)

@@ -94,11 +94,7 @@ class TrainerStatus:
         self._written_at = time.monotonic()
         if self.client is not None:
             try:
-                self.client.set(TRAINER_STATUS_KEY, json.dumps(status, default=_finite), ex=STATUS_TTL_S)
+                self.client.set(TRAINER_STATUS_KEY, json.dumps(status), ex=STATUS_TTL_S)  # the API nulls NaN
             except redis.RedisError as exc:
                 log.debug("trainer status not written: %s", exc)
         return status
-
-
-def _finite(value):
-    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
