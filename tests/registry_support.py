@@ -37,9 +37,10 @@ def write_adapter(
     greedy_match: float = 0.5,
     version: int = 1,
     vocab: list[int] | None = None,
+    domain: str | None = None,
 ) -> Path:
     """A random non-zero LoRA on a fresh early-exit draft, with the metadata, checksum (and optionally the
-    draft vocabulary) the online trainer writes next to it."""
+    draft vocabulary) the online trainer writes next to it; `domain` makes it that domain's adapter."""
     torch.manual_seed(seed)
     draft = build_early_exit(target, layers)
     model = get_peft_model(
@@ -68,6 +69,7 @@ def write_adapter(
                 "champion": {"greedy_match": greedy_match - 0.1, "expected_acceptance": 0.2, "positions": 400},
                 "reason": "better",
             },
+            **({"domain": domain} if domain is not None else {}),
         }
     )
     if vocab is not None:

@@ -1,19 +1,26 @@
-"""The adapter registry: promoted adapters as versions of an MLflow registered model, the served one
-named by an alias, and an audit trail of who moved it.
+"""The adapter registry: promoted adapters as versions of an MLflow registered model, the served ones
+named by aliases (the general adapter's and each domain's), and an audit trail of who moved them.
 
     registry = AdapterRegistry(data_dir=Path(".adaptive-spec"), redis_url=os.environ.get("REDIS_URL"))
     version = registry.register(Path(".adaptive-spec/adapters/v0003"), by="trainer")  # "3", now champion
     registry.rollback(by="cli:alice@host")          # champion <- previous
     registry.promote("2", by="admin-api:10.0.0.7")  # champion <- 2, previous <- the old champion
+    registry.promote("3", by="cli:alice@host", domain="sql")  # champion-sql <- 3, previous-sql <- the old one
+    registry.champions()                            # {None: "2", "sql": "3"}
     registry.versions()                             # [RegisteredAdapter(version="1", ...), ...]
 
-From the terminal: `adaptive-spec adapters list|rollback [--to V]|promote V`. Tests (real MLflow on
-sqlite and a `mlflow server`, real Redis, about 40 s): `.venv/bin/python -m pytest tests/trainer/test_registry.py -q`.
+From the terminal: `adaptive-spec adapters list|rollback [--to V]|promote V [--domain D]`. Tests (real
+MLflow on sqlite and a `mlflow server`, real Redis, about 40 s): `.venv/bin/python -m pytest tests/trainer/test_registry.py -q`.
 
 Names (DESIGN.md contracts): experiment `adaptive-spec`, registered model `adaptive-spec-draft`,
-aliases `champion` (served) and `previous` (the one before, for rollback), events on the Redis
-pub/sub channel `adaptive_spec:adapters`. The tracking URI is `MLFLOW_TRACKING_URI` when set, else
-`sqlite:///<data_dir>/mlflow.db` with artifacts under `<data_dir>/mlartifacts`.
+aliases `champion` (served) and `previous` (for rollback), per domain `champion-<domain>` and
+`previous-<domain>`, events on the Redis pub/sub channel `adaptive_spec:adapters`. The tracking URI
+is `MLFLOW_TRACKING_URI` when set, else `sqlite:///<data_dir>/mlflow.db` (artifacts in `<data_dir>/mlartifacts`).
+
+Domains: an adapter whose adaptive_spec_adapter.json says `"domain": "sql"` gets the version tag
+`domain=sql` and is promoted to `champion-sql`; without one it is the general adapter. `promote`,
+`rollback`, `champion`, `served` and `last_event` take `domain=` (None: the general adapter, as
+before). Any version may be promoted for any domain: the domain named decides the aliases.
 
 One registration (`register`) is, in order:
 
@@ -24,18 +31,19 @@ One registration (`register`) is, in order:
    tags (target id, draft spec, base version, parent, domain mix, the weights' sha256);
 2. a version of the registered model made with `MlflowClient.create_model_version` from that run's
    artifacts (`mlflow.register_model` refuses plain files in MLflow 3);
-3. with `promote=True`, `promote(version)`.
+3. with `promote=True`, `promote(version, domain=<the metadata's domain>)`.
 
 A retry after a registration that half happened does not make a second version: a version whose
 `adapter_sha256` tag equals the adapter's is reused.
 
-Promotion and rollback move aliases and leave an audit trail: tags on the version
-(`adaptive_spec.last_action`, `..._by`, `..._at`), a registered-model tag `adaptive_spec.last_event`
-holding the event, and the event published on `adaptive_spec:adapters` (trainer/adapter_events.py).
+Promotion and rollback move aliases and leave an audit trail (registry_records.audit_tags and
+event_tag): tags on the version (`adaptive_spec.last_action`, `..._by`, `..._at`, `..._alias`), the
+event (with its `domain`) as the domain's registered-model tag, and the event published on
+`adaptive_spec:adapters` (trainer/adapter_events.py).
 
-A rollback without `to` sets `champion` to `previous` and removes `previous`: nothing is known about
-the version before it, and a second plain rollback must not bring back the version just rolled away
-from. `rollback(to=V)` and `promote(V)` go anywhere and set `previous` to the old champion.
+A rollback without `to` sets `champion` to `previous` and removes `previous` (per domain alike): nothing
+is known about the version before it, and a second plain rollback must not bring back the version just
+rolled away from. `rollback(to=V)` and `promote(V)` go anywhere and set `previous` to the old champion.
 
 The trainer's promotions reach `register` through a queue that outlives MLflow outages
 (trainer/pending.py); the trainer reads the champion back through trainer/champion.py.
@@ -50,29 +58,36 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import (
-    ACTION_TAG,
     ARTIFACT_PATH,
     CHAMPION,
     DEFAULT_DATA_DIR,
-    EVENT_TAG,
     EXPERIMENT,
     METADATA_FILE,
     MLFLOW_TRACKING_URI_ENV,
     MODEL_NAME,
     OUTSIDE,
-    PREVIOUS,
     SHA_TAG,
     redact_url,
     sqlite_tracking_uri,
 )
 from trainer.adapter_events import AdapterEvents
 from trainer.mlflow_store import open_client
-from trainer.registry_records import RegisteredAdapter, registered_adapter, run_figures, version_tags
+from trainer.registry_records import (
+    RegisteredAdapter,
+    ServedChampion,
+    audit_tags,
+    champions_of,
+    domain_aliases,
+    event_record,
+    event_tag,
+    registered_adapter,
+    run_figures,
+    version_tags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +109,6 @@ class RegistryError(ValueError):
 
 class RegistryUnavailable(RuntimeError):
     """MLflow (or its database) could not be reached; the same call may work later."""
-
-
-@dataclass(frozen=True)
-class ServedChampion:
-    """The version the `champion` alias names, as the trainer compares it with its own champion."""
-
-    version: str | None  # None: no alias (or no registered model): the base draft is served
-    sha256: str | None  # the version's adapter_sha256 tag; None for the base draft or an untagged version
-    by: str | None  # who put it there: the registry's last event when it names this version, else OUTSIDE
-    moved_from: str | None = None  # the champion before, from that event (None: no event, or the base draft)
 
 
 def default_tracking_uri(data_dir: Path) -> str:
@@ -172,7 +177,8 @@ class AdapterRegistry:
             raise RegistryError(str(exc)) from None
         if not metadata:
             raise RegistryError(f"{adapter_dir}: no {METADATA_FILE}; not an adapter the trainer wrote")
-        sha = metadata.get(SHA_TAG)
+        sha, domain = metadata.get(SHA_TAG), metadata.get("domain") or None
+        _aliases(domain)  # a name no alias can carry is refused before anything is written
         with self._mlflow("register"):
             self._ensure_model(metadata)
             existing = self._versions_with_sha(sha) if sha else []
@@ -188,47 +194,42 @@ class AdapterRegistry:
                 version = str(created.version)
                 log.info("registered %s as version %s of %s (run %s)", adapter_dir, version, self.model_name, run_id)
         if promote:
-            self.promote(version, by=by)
+            self.promote(version, by=by, domain=domain)
         return version
 
-    def promote(self, version: str | int, *, by: str, action: str = "promote") -> dict:
-        """champion <- version, previous <- the old champion; returns the event it published."""
+    def promote(self, version: str | int, *, by: str, action: str = "promote", domain: str | None = None) -> dict:
+        """champion <- version, previous <- the old champion (of `domain`); returns the event it published."""
         version = str(version)
+        champion, previous = _aliases(domain)
         with self._mlflow(action):
             self._get_version(version)
-            old = self.aliases().get(CHAMPION)
+            old = self.aliases().get(champion)
             if old == version:  # nothing moves, nothing to record
-                return {
-                    "event": action,
-                    "model": self.model_name,
-                    "version": version,
-                    "from": old,
-                    "by": by,
-                    "at": time.time(),
-                    "changed": False,
-                }
-            at = self._audit(version, action, by)  # before the alias moves: a watcher reads them with it
+                return event_record(action, self.model_name, domain, version, old, by, time.time()) | {"changed": False}
+            at = self._audit(version, action, by, champion)  # before the alias moves: a watcher reads them with it
             if old is not None:
-                self.client.set_registered_model_alias(self.model_name, PREVIOUS, old)
-            self.client.set_registered_model_alias(self.model_name, CHAMPION, version)
-            return self._record(action, version, old, by, at)
+                self.client.set_registered_model_alias(self.model_name, previous, old)
+            self.client.set_registered_model_alias(self.model_name, champion, version)
+            return self._record(action, version, old, by, at, domain)
 
-    def rollback(self, to: str | int | None = None, *, by: str) -> dict:
-        """champion <- `to`, or <- previous (and previous removed) when `to` is None."""
+    def rollback(self, to: str | int | None = None, *, by: str, domain: str | None = None) -> dict:
+        """champion <- `to`, or <- previous (and previous removed) when `to` is None (of `domain`)."""
         if to is not None:
-            return self.promote(to, by=by, action="rollback")
+            return self.promote(to, by=by, action="rollback", domain=domain)
+        champion, previous = _aliases(domain)
         with self._mlflow("rollback"):
             aliases = self.aliases()
-            target, old = aliases.get(PREVIOUS), aliases.get(CHAMPION)
+            target, old = aliases.get(previous), aliases.get(champion)
             if target is None:
+                flag = "" if domain is None else f" --domain {domain}"
                 raise RegistryError(
-                    f"{self.model_name} has no '{PREVIOUS}' version to roll back to; "
-                    f"name one with --to VERSION (see `adaptive-spec adapters list`)"
+                    f"{self.model_name} has no '{previous}' version to roll back to; "
+                    f"name one with --to VERSION{flag} (see `adaptive-spec adapters list{flag}`)"
                 )
-            at = self._audit(target, "rollback", by)
-            self.client.set_registered_model_alias(self.model_name, CHAMPION, target)
-            self.client.delete_registered_model_alias(self.model_name, PREVIOUS)
-            return self._record("rollback", target, old, by, at)
+            at = self._audit(target, "rollback", by, champion)
+            self.client.set_registered_model_alias(self.model_name, champion, target)
+            self.client.delete_registered_model_alias(self.model_name, previous)
+            return self._record("rollback", target, old, by, at, domain)
 
     # ---------------------------------------------------------------- reading
 
@@ -243,12 +244,17 @@ class AdapterRegistry:
                 raise
             return {alias: str(version) for alias, version in (model.aliases or {}).items()}
 
-    def champion(self) -> str | None:
-        """The served version, or None (no registered model, or the alias points at nothing)."""
-        return self.aliases().get(CHAMPION)
+    def champion(self, domain: str | None = None) -> str | None:
+        """The served version (of `domain`), or None (no registered model, or no such alias)."""
+        return self.aliases().get(_aliases(domain)[0])
 
-    def served(self) -> ServedChampion:
-        """The champion, its weights' sha256 and who moved it there: one or two MLflow calls."""
+    def champions(self) -> dict[str | None, str]:
+        """Every champion alias by domain: {None: "3", "sql": "5"} for `champion` and `champion-sql`."""
+        return champions_of(self.aliases())
+
+    def served(self, domain: str | None = None) -> ServedChampion:
+        """The champion (of `domain`), its weights' sha256 and who moved it there: one or two MLflow calls."""
+        champion = _aliases(domain)[0]
         with self._mlflow("read champion"):
             try:
                 model = self.client.get_registered_model(self.model_name)
@@ -256,15 +262,15 @@ class AdapterRegistry:
                 if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
                     return ServedChampion(None, None, None)
                 raise
-            version = (model.aliases or {}).get(CHAMPION)
+            version = (model.aliases or {}).get(champion)
             version = None if version is None else str(version)
             if version is not None and version not in self._sha_of:
                 sha = (self._get_version(version).tags or {}).get(SHA_TAG)
                 if sha:
                     self._sha_of[version] = sha
-            raw = (model.tags or {}).get(EVENT_TAG)
+            raw = (model.tags or {}).get(event_tag(domain))
         event = json.loads(raw) if raw else {}
-        if event.get("version") == version:
+        if event.get("version") == version and event.get("domain") == domain:
             return ServedChampion(version, self._sha_of.get(version), event.get("by"), event.get("from"))
         return ServedChampion(version, self._sha_of.get(version), OUTSIDE)
 
@@ -297,9 +303,10 @@ class AdapterRegistry:
         with self._mlflow("tag version"):
             self.client.set_model_version_tag(self.model_name, str(version), key, value)
 
-    def last_event(self) -> dict | None:
+    def last_event(self, domain: str | None = None) -> dict | None:
+        """The last promote or rollback of `domain`'s aliases (None: the general adapter's)."""
         with self._mlflow("read event"):
-            raw = self.client.get_registered_model(self.model_name).tags.get(EVENT_TAG)
+            raw = self.client.get_registered_model(self.model_name).tags.get(event_tag(domain))
         return json.loads(raw) if raw else None
 
     def close(self) -> None:
@@ -323,7 +330,7 @@ class AdapterRegistry:
                     tags=pair,
                     description=(
                         f"LoRA adapters of the draft {pair['draft_id']} for the target {pair['target_id']}, "
-                        f"trained online by adaptive-spec. The alias '{CHAMPION}' is served."
+                        f"trained online by adaptive-spec. The alias '{CHAMPION}' is served ('{CHAMPION}-<domain>' for a domain)."
                     ),
                 )
             except Exception as exc:  # another process created it first
@@ -390,30 +397,21 @@ class AdapterRegistry:
             log.debug("no run for version %s: %s", model_version.version, exc)
         return registered_adapter(model_version, metrics, aliases)
 
-    def _audit(self, version: str, action: str, by: str) -> float:
-        """Tags on the version saying what was done to it, by whom, when; returns when."""
+    def _audit(self, version: str, action: str, by: str, alias: str) -> float:
+        """Tags on the version saying what was done to it, by whom, when, to which alias; returns when."""
         at = time.time()
-        for key, value in ((ACTION_TAG, action), (ACTION_TAG + "_by", by), (ACTION_TAG + "_at", str(at))):
+        for key, value in audit_tags(action, by, alias, at).items():
             self.client.set_model_version_tag(self.model_name, version, key, value)
         return at
 
-    def _record(self, action: str, version: str, old: str | None, by: str, at: float) -> dict:
-        """The event: as a tag on the registered model, then on pub/sub (best effort)."""
-        model = self.client.get_registered_model(self.model_name)
-        event = {
-            "event": action,
-            "model": self.model_name,
-            "version": version,
-            "from": old,
-            "by": by,
-            "at": at,
-            "changed": True,
-            "target_id": model.tags.get("target_id"),
-            "draft_id": model.tags.get("draft_id"),
-        }
-        self.client.set_registered_model_tag(self.model_name, EVENT_TAG, json.dumps(event))
-        log.info("%s: %s champion %s -> %s by %s", self.model_name, action, old, version, by)
-        self.events.publish(event)  # best effort: watchers also poll the alias
+    def _record(self, action: str, version: str, old: str | None, by: str, at: float, domain: str | None) -> dict:
+        """The event: as the domain's tag on the registered model, then on pub/sub (best effort)."""
+        tags = self.client.get_registered_model(self.model_name).tags
+        pair = {"target_id": tags.get("target_id"), "draft_id": tags.get("draft_id")}
+        event = {**event_record(action, self.model_name, domain, version, old, by, at), "changed": True, **pair}
+        self.client.set_registered_model_tag(self.model_name, event_tag(domain), json.dumps(event))
+        log.info("%s: %s %s %s -> %s by %s", self.model_name, action, _aliases(domain)[0], old, version, by)
+        self.events.publish(event)  # best effort: watchers also poll the aliases
         return event
 
 
@@ -441,3 +439,11 @@ class _Translate:
 
 def _error_code(exc: BaseException) -> str | None:
     return getattr(exc, "error_code", None)
+
+
+def _aliases(domain: str | None) -> tuple[str, str]:
+    """(champion, previous) alias of `domain`; a name no alias can carry is a RegistryError."""
+    try:
+        return domain_aliases(domain)
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from None

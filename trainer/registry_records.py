@@ -1,8 +1,11 @@
-"""What an adapter version holds in MLflow: the run's params and metrics, the version's tags, and the
-version as `adaptive-spec adapters list` and `GET /admin/adapters` show it.
+"""What an adapter version holds in MLflow: the run's params and metrics, the version's tags, the
+version as `adaptive-spec adapters list` and `GET /admin/adapters` show it, and the alias and tag
+names of each domain.
 
     params, metrics = run_figures(metadata)     # lr, rank, ... / candidate_greedy_match, loss, ...
-    tags = version_tags(metadata, adapter_dir)   # target_id, draft_id, lineage, adapter_sha256, ...
+    tags = version_tags(metadata, adapter_dir)   # target_id, draft_id, lineage, adapter_sha256, domain, ...
+    domain_aliases("sql")                        # ("champion-sql", "previous-sql"); None -> ("champion", "previous")
+    champions_of({"champion": "3", "champion-sql": "5", "previous": "2"})   # {None: "3", "sql": "5"}
 
 All of it is read from the adapter's adaptive_spec_adapter.json (adapters.AdapterDir.metadata), so
 the registry shows exactly what the trainer recorded: the training settings as params, the gate's
@@ -17,7 +20,65 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaptive_spec.contracts import ACTION_TAG, SHA_TAG
+from adaptive_spec.contracts import ACTION_TAG, CHAMPION, EVENT_TAG, SHA_TAG, champion_alias, previous_alias
+
+DOMAIN_TAG = "domain"  # version (and run) tag: the domain it was trained for; absent for the general adapter
+MAX_DOMAIN_CHARS = 64  # as a request's domain tag (service/schemas.py)
+
+
+@dataclass(frozen=True)
+class ServedChampion:
+    """The version a champion alias names, as the trainer compares it with its own champion."""
+
+    version: str | None  # None: no alias (or no registered model): the base draft is served
+    sha256: str | None  # the version's adapter_sha256 tag; None for the base draft or an untagged version
+    by: str | None  # who put it there: the registry's last event when it names this version, else OUTSIDE
+    moved_from: str | None = None  # the champion before, from that event (None: no event, or the base draft)
+
+
+def domain_aliases(domain: str | None) -> tuple[str, str]:
+    """(champion alias, previous alias) of a domain; ValueError for a name an alias cannot carry."""
+    if domain is not None and len(domain) > MAX_DOMAIN_CHARS:
+        raise ValueError(f"a domain name is at most {MAX_DOMAIN_CHARS} characters; got {len(domain)}")
+    return champion_alias(domain), previous_alias(domain)
+
+
+def champions_of(aliases: dict[str, str]) -> dict[str | None, str]:
+    """Every champion alias by domain (None: the general adapter); aliases of other names are skipped."""
+    found: dict[str | None, str] = {}
+    for alias, version in aliases.items():
+        domain = None if alias == CHAMPION else alias.removeprefix(CHAMPION + "-")
+        if domain == alias:  # neither `champion` nor `champion-<domain>`
+            continue
+        try:
+            if domain_aliases(domain)[0] == alias:
+                found[domain] = version
+        except ValueError:  # e.g. `champion--x`, set by hand: not a domain's alias
+            continue
+    return found
+
+
+def event_tag(domain: str | None) -> str:
+    """The registered-model tag holding a domain's last event (JSON): `adaptive_spec.last_event` for the
+    general adapter, `adaptive_spec.last_event.sql` for sql, so one domain's promotion never hides
+    who moved another domain's alias (the watcher and the trainer read `by` from it)."""
+    return EVENT_TAG if domain is None else f"{EVENT_TAG}.{domain}"
+
+
+def event_record(
+    action: str, model: str, domain: str | None, version: str, old: str | None, by: str, at: float
+) -> dict:
+    """A promote or rollback as published on pub/sub and kept in event_tag(domain), e.g.
+    {"event": "rollback", "model": "adaptive-spec-draft", "domain": "sql", "version": "2", "from": "3",
+    "by": "cli:alice@host", "at": 1767225600.0}; the registry adds "changed", "target_id" and "draft_id"."""
+    return {"event": action, "model": model, "domain": domain, "version": version, "from": old, "by": by, "at": at}
+
+
+def audit_tags(action: str, by: str, alias: str, at: float) -> dict[str, str]:
+    """The version tags of its last promote or rollback, whichever alias that moved: one set per
+    version, naming the alias. Version 3 promoted for sql, then for general, says "promote" by whom
+    to `champion`; that it still serves sql shows in its aliases (`champion-sql`)."""
+    return {ACTION_TAG: action, ACTION_TAG + "_by": by, ACTION_TAG + "_at": str(at), ACTION_TAG + "_alias": alias}
 
 
 @dataclass(frozen=True)
@@ -27,6 +88,7 @@ class RegisteredAdapter:
     version: str
     created_at: float  # seconds since the epoch
     aliases: tuple[str, ...]
+    domain: str | None  # the domain it was trained for (its `domain` tag); None: the general adapter
     run_id: str
     sha256: str | None
     candidate_greedy_match: float | None  # the gate's figures when it was promoted by the trainer
@@ -38,6 +100,7 @@ class RegisteredAdapter:
     def as_dict(self) -> dict:
         return {
             "version": self.version,
+            "domain": self.domain,
             "created_at": self.created_at,
             "aliases": list(self.aliases),
             "run_id": self.run_id,
@@ -50,6 +113,7 @@ class RegisteredAdapter:
             "draft_id": self.tags.get("draft_id"),
             "last_action": self.tags.get(ACTION_TAG),
             "last_action_by": self.tags.get(ACTION_TAG + "_by"),
+            "last_action_alias": self.tags.get(ACTION_TAG + "_alias"),
         }
 
 
@@ -61,6 +125,7 @@ def registered_adapter(model_version, metrics: dict, aliases: dict[str, str]) ->
         version=version,
         created_at=model_version.creation_timestamp / 1000.0,
         aliases=tuple(sorted(alias for alias, v in aliases.items() if v == version)),
+        domain=tags.get(DOMAIN_TAG) or None,
         run_id=model_version.run_id or "",
         sha256=tags.get(SHA_TAG),
         candidate_greedy_match=metrics.get("candidate_greedy_match"),
@@ -112,6 +177,7 @@ def version_tags(metadata: dict, adapter_dir: Path) -> dict[str, str]:
         "trainer_version": metadata.get("version"),
         "adapter_dir": adapter_dir.name,
         "domain_mix": json.dumps(metadata.get("domain_mix") or {}, sort_keys=True),
+        DOMAIN_TAG: metadata.get("domain") or None,
         SHA_TAG: metadata.get(SHA_TAG),
         "gate_reason": gate.get("reason"),
     }

@@ -10,6 +10,10 @@ What must hold, on both backends:
 - rollback (to previous, or to V) and promote move the aliases and record who did it; versions come
   back as str whichever backend; registering the same adapter again makes no second version;
 - the CLI lists, rolls back and promotes;
+- each domain has its own pair of aliases (`champion-sql`, `previous-sql`): registering an adapter whose
+  metadata names a domain, promoting and rolling back for it leave the general `champion` alone, and the
+  other way round; `champions()` lists them all; events and audit tags say which domain and alias; the CLI's
+  `--domain` does the same from the terminal (sqlite only: the aliases are the same calls on a server);
 - with the server stopped, PendingRegistrations queues the trainer's promotions without blocking it
   and registers them, in order, once the server is back; `adaptive-spec train` does it as a process.
 """
@@ -169,7 +173,7 @@ def test_cli_lists_rolls_back_and_promotes(backend, adapters, capsys, monkeypatc
 
     assert cli.main(["adapters", "list", "--registered-model", name]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:2] == ["VERSION", "CREATED"] and len(table) == 4
+    assert table[0].split()[:3] == ["VERSION", "DOMAIN", "CREATED"] and len(table) == 4
     assert "champion" in table[3] and "previous" in table[2] and "0.600" in table[3]
 
     assert cli.main(["adapters", "rollback", "--registered-model", name]) == 0
@@ -188,6 +192,104 @@ def test_cli_lists_rolls_back_and_promotes(backend, adapters, capsys, monkeypatc
 
     assert cli.main(["adapters", "promote", "9", "--registered-model", name]) == 2
     assert "no version" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def sql_adapter(tmp_path_factory) -> Path:
+    """An adapter the trainer wrote for the sql domain (its metadata says so)."""
+    return write_adapter(tiny_target(0), 1, tmp_path_factory.mktemp("sql") / "v0004", seed=4, version=4, domain="sql")
+
+
+def test_each_domain_has_its_own_aliases_and_leaves_the_general_ones_alone(
+    sqlite_dir, adapters, sql_adapter, redis_url
+):
+    registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir), redis_url)
+    subscriber = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    subscriber.subscribe(ADAPTER_EVENTS)
+    registry.register(adapters[0], by="trainer:test")
+    registry.register(adapters[1], by="trainer:test")  # champion 2, previous 1
+    assert registry.register(sql_adapter, by="trainer:sql") == "3"  # its metadata says "domain": "sql"
+    assert registry.aliases() == {"champion": "2", "previous": "1", "champion-sql": "3"}
+    assert registry.champions() == {None: "2", "sql": "3"} and registry.champion("sql") == "3"
+    assert (registry.get("3").domain, registry.get("1").domain) == ("sql", None)
+    assert registry.get("3").as_dict()["domain"] == "sql" and registry.get("3").tags["domain"] == "sql"
+    assert "domain" not in registry.get("1").tags
+
+    registry.promote("1", by="cli:alice@host", domain="sql")  # any version may serve any domain
+    assert registry.aliases() == {"champion": "2", "previous": "1", "champion-sql": "1", "previous-sql": "3"}
+    served = registry.served("sql")
+    assert (served.version, served.by, served.moved_from) == ("1", "cli:alice@host", "3")
+    assert served.sha256 == registry.get("1").sha256
+    general = registry.served()  # the general adapter's last event is still its own, not sql's
+    assert (general.version, general.by, general.moved_from) == ("2", "trainer:test", "1")
+    assert registry.last_event("sql")["domain"] == "sql" and registry.last_event()["domain"] is None
+
+    event = registry.rollback(by="cli:alice@host", domain="sql")
+    assert (event["domain"], event["version"], event["from"]) == ("sql", "3", "1")
+    assert registry.aliases() == {"champion": "2", "previous": "1", "champion-sql": "3"}
+    with pytest.raises(RegistryError, match=r"no 'previous-sql'.*--domain sql"):
+        registry.rollback(by="cli:alice@host", domain="sql")
+    registry.rollback(by="cli:bob@host")  # the general adapter's rollback leaves sql's alias alone
+    assert registry.aliases() == {"champion": "1", "champion-sql": "3"}
+
+    registry.promote("3", by="cli:carol@host")  # the sql version, now also the general adapter
+    tags = registry.get("3").tags
+    assert (
+        tags["adaptive_spec.last_action_alias"] == "champion"
+        and tags["adaptive_spec.last_action_by"] == "cli:carol@host"
+    )
+    assert registry.get("3").aliases == ("champion", "champion-sql")
+    assert registry.get("1").tags["adaptive_spec.last_action_alias"] == "champion"  # its last action: the rollback
+    registry.client.set_registered_model_alias(registry.model_name, "champion--x", "2")  # by hand, not a domain's
+    assert registry.champions() == {None: "3", "sql": "3"}
+    for bad in ("no way", "a.b", "-sql", "x" * 65):
+        with pytest.raises(RegistryError):
+            registry.promote("1", by="cli:carol@host", domain=bad)
+
+    events = [json.loads(m["data"]) for m in _messages(subscriber, 7)]
+    assert [(e["event"], e["domain"], e["version"]) for e in events] == [
+        ("promote", None, "1"),
+        ("promote", None, "2"),
+        ("promote", "sql", "3"),
+        ("promote", "sql", "1"),
+        ("rollback", "sql", "3"),
+        ("rollback", None, "1"),
+        ("promote", None, "3"),
+    ]
+    subscriber.close()
+
+
+def test_cli_domain_round_trip(sqlite_dir, adapters, sql_adapter, capsys, monkeypatch):
+    uri = f"sqlite:///{sqlite_dir / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    registry = AdapterRegistry(uri, data_dir=sqlite_dir, model_name=name)
+    for path in (*adapters[:2], sql_adapter):
+        registry.register(path)  # champion 2, previous 1, champion-sql 3
+    capsys.readouterr()
+
+    def run(*argv: str) -> str:
+        assert cli.main(["adapters", *argv, "--registered-model", name]) == 0
+        return capsys.readouterr().out
+
+    table = run("list").splitlines()
+    assert table[0].split()[:3] == ["VERSION", "DOMAIN", "CREATED"] and len(table) == 4
+    assert table[3].split()[:2] == ["3", "sql"] and table[1].split()[:2] == ["1", "-"]
+    assert "champion-sql 3 -> 1" in run("promote", "1", "--domain", "sql")
+    assert registry.aliases() == {"champion": "2", "previous": "1", "champion-sql": "1", "previous-sql": "3"}
+    listed = json.loads(run("list", "--json", "--domain", "sql"))  # sql's versions and aliases only
+    assert [(v["version"], v["domain"], v["aliases"]) for v in listed] == [
+        ("1", None, ["champion-sql"]),
+        ("3", "sql", ["previous-sql"]),
+    ]
+    assert "champion-sql 1 -> 3" in run("rollback", "--domain", "sql")
+    assert "champion-sql 3 -> 2" in run("rollback", "--to", "2", "--domain", "sql")
+    assert registry.aliases() == {"champion": "2", "previous": "1", "champion-sql": "2", "previous-sql": "3"}
+    with pytest.raises(SystemExit) as exited:  # argparse's error
+        cli.main(["adapters", "rollback", "--domain", "no way", "--registered-model", name])
+    assert exited.value.code == 2 and "argument --domain: a domain in an alias name" in capsys.readouterr().err
+    assert registry.champions() == {None: "2", "sql": "2"}
 
 
 def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, adapters, monkeypatch, tmp_path):
