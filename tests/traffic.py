@@ -21,18 +21,20 @@ def greedy_records(
     prompt_len: int = 8,
     new_tokens: int = 16,
     top_m: int = 8,
+    first_token: int = 0,
+    id_prefix: str = "req",
 ) -> list[CorrectionRecord]:
     """`count` requests served by the Engine (k = 1, early-exit:1) with the target's top-m logged.
 
-    Prompts use tokens [0, domain_tokens) only: a narrow domain, so a 1-layer draft can learn it.
-    Request i is tagged domains[i % len(domains)]; ids are req-0, req-1, ..., seeded, so reruns agree.
+    Prompts use tokens [first_token, first_token + domain_tokens) only: a narrow domain, so a 1-layer draft can learn it.
+    Request i is tagged domains[i % len(domains)]; ids are req-0, req-1, ... (`id_prefix`), seeded, so reruns agree.
     """
     engine = Engine(target, "early-exit:1", k=1, record_topk=top_m, eos_token_id=[], target_id="tiny-llama")
     rng = np.random.default_rng(0)
     return [
         record_from_output(
-            engine.generate(rng.integers(0, domain_tokens, prompt_len).tolist(), max_new_tokens=new_tokens),
-            request_id=f"req-{i}",
+            engine.generate(rng.integers(first_token, first_token + domain_tokens, prompt_len).tolist(), max_new_tokens=new_tokens),
+            request_id=f"{id_prefix}-{i}",
             created_at=1_700_000_000.0 + i,
             domain=domains[i % len(domains)],
             target_id="tiny-llama",

@@ -172,9 +172,16 @@ class HoldoutSplit:
         cold = len(self._records) < self.warmup_records
         if not (number < self.fraction or (cold and number < self.warmup_fraction)):
             return False
+        self.hold(record)
+        return True
+
+    def hold(self, record: CorrectionRecord) -> None:
+        """Keep a record that another split held out (its domain's, trainer/domains.py), whatever
+        this split's own rule says, so that no adapter trains on it."""
+        if record.request_id in self._seen:
+            return
         self._seen.add(record.request_id)
         self._records[record.request_id] = record
         while len(self._records) > self.max_records:
             self._records.popitem(last=False)
         self.revision += 1
-        return True

@@ -59,14 +59,20 @@ class RegistryChampion:
     when MLflow is down.
     """
 
-    def __init__(self, registry: AdapterRegistry, pending: PendingRegistrations | None = None) -> None:
+    def __init__(
+        self, registry: AdapterRegistry, pending: PendingRegistrations | None = None, domain: str | None = None
+    ) -> None:
         self.registry = registry
         self.pending = pending
+        self.domain = domain  # None: the `champion` alias; "sql": `champion-sql`
+
+    def for_domain(self, domain: str) -> RegistryChampion:
+        return RegistryChampion(self.registry, self.pending, domain)
 
     def served(self) -> ServedChampion | None:
         if self.pending is not None and self.pending.pending():
             return None
-        return self.registry.served()
+        return self.registry.served(domain=self.domain) if self.domain is not None else self.registry.served()
 
     def download(self, version: str, destination: Path) -> Path:
         return self.registry.download(version, destination)
@@ -79,7 +85,13 @@ class RegistryChampion:
 class Champion:
     """The adapter the trainer trains from and gates against: which version (`version`, a local vNNNN,
     None for the base draft), its weights, its figures on the held-out set, and what the registry says
-    about it. `source` None: no registry; the trainer's own champion is final."""
+    about it. `source` None: no registry; the trainer's own champion is final.
+
+    A domain's champion (trainer/domains.py) has a `fallback`, the general champion: until the domain
+    has a version of its own (`version` None, no `champion-<domain>` alias), its requests draft with
+    the general adapter, so that is what it trains from and what its candidates must beat. Its
+    figures and `roll_back` put its weights into the model first; the caller puts the general
+    champion's back after the domain's round."""
 
     def __init__(
         self,
@@ -87,7 +99,9 @@ class Champion:
         versions: VersionDirs,
         source: RegistryChampion | None = None,
         retry_s: float = 30.0,
+        fallback: Champion | None = None,
     ) -> None:
+        self.fallback = fallback
         self.trainer = trainer
         self.versions = versions
         self.source = source
@@ -108,27 +122,39 @@ class Champion:
     def path(self) -> Path | None:
         return None if self.version is None else self.versions.path(self.version)
 
+    @property
+    def weights(self) -> dict:
+        """The LoRA weights its requests draft with (the general champion's for a domain without its own)."""
+        return self.fallback.weights if self.version is None and self.fallback is not None else self._weights
+
+    def _key(self) -> tuple:
+        """Which weights: (version, the fallback's key while it stands in)."""
+        return (self.version, self.fallback._key() if self.version is None and self.fallback is not None else None)
+
     def promoted(self, version: int, sha256: str, figures: GateFigures, revision: int) -> None:
         """The model's weights are the new champion `version`, scoring `figures` on held-out `revision`."""
         self.version, self.sha256 = version, sha256
         self._weights = self.trainer.lora_state()
-        self._figures = ((revision, version), figures)
+        self._figures = ((revision, self._key()), figures)
         self.changed = True
 
     def figures(self, heldout: list[CorrectionRecord], revision: int) -> GateFigures:
         """The champion on the held-out snapshot, cached until the held-out set or the champion changes."""
-        if self._figures is None or self._figures[0] != (revision, self.version):
-            if self.version is None:
+        key = (revision, self._key())
+        if self._figures is None or self._figures[0] != key:
+            if all(version is None for version in _flatten(self._key())):  # the base draft
                 with adapters_disabled(self.trainer.model):
                     figures = agreement(self.trainer, heldout)
-            else:  # between rounds the trained weights are the champion's
+            else:  # between rounds the trained weights are the general champion's; a domain's go in first
+                if self.fallback is not None:
+                    self.roll_back()
                 figures = agreement(self.trainer, heldout)
-            self._figures = ((revision, self.version), figures)
+            self._figures = (key, figures)
         return self._figures[1]
 
     def roll_back(self) -> None:
         """The champion's weights back in the model, the optimiser's moments cleared."""
-        self.trainer.restore(self._weights)
+        self.trainer.restore(self.weights)
 
     def sync(self) -> bool:
         """Adopt the registry's champion if an operator moved it: its weights in the model (a zero LoRA
@@ -165,7 +191,7 @@ class Champion:
     def name(self) -> str:
         """E.g. v0004, or v0004 (registry version 4) once the registry is known to hold it, or base draft."""
         if self.version is None:
-            return "base draft"
+            return "base draft" if self.fallback is None else f"general adapter ({self.fallback.name()})"
         name = version_dir_name(self.version)
         registered = self.registry_versions.get(name)
         return f"{name} (registry version {registered})" if registered else name
@@ -188,7 +214,11 @@ class Champion:
         self.registry_champion = state.get("registry_champion")
         self.registry_versions = dict(state.get("registry_versions") or {})
         self.adoptions = state.get("adoptions", 0)
-        self._weights = self.trainer.lora_state()  # the checkpoint's adapter is the champion's
+        if self.fallback is None:
+            self._weights = self.trainer.lora_state()  # the checkpoint's adapter is the general champion's
+        elif self.path is not None:  # a domain's champion is one of our version directories
+            self.trainer.load(self.path)
+            self._weights = self.trainer.lora_state()
 
     def _moved(self) -> ServedChampion | None:
         """The registry's champion when it is not ours, else None; cheap when nothing moved (one or two
@@ -229,7 +259,8 @@ class Champion:
         ours = self._registry_version()  # maps the champion we leave, for the log line
         moved_from = served.moved_from or ours
         if served.version is None:
-            self.trainer.reset()
+            if self.fallback is None:
+                self.trainer.reset()
             local = None
         else:
             if not served.sha256:
@@ -289,3 +320,8 @@ def agreement(trainer: DraftTrainer, heldout: list[CorrectionRecord]) -> GateFig
 
 def _registry_name(version: str | None) -> str:
     return "the base draft" if version is None else version
+
+
+def _flatten(key: tuple) -> list:
+    """(4, None) -> [4, None]; (None, (None, None)) -> [None, None, None]."""
+    return [v for item in key for v in (_flatten(item) if isinstance(item, tuple) else [item])]

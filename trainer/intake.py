@@ -1,7 +1,7 @@
 """Stream intake: correction records from the consumer group into the held-out set or the replay buffer,
 each entry acknowledged only once what it contributed is safe.
 
-    intake = StreamIntake(CorrectionStream(redis_url, consumer="trainer-1"), HoldoutSplit(), ReplayBuffer(200_000),
+    intake = StreamIntake(CorrectionStream(redis_url, consumer="trainer-1"), lineages,   # trainer/domains.py
                           max_seq_len=1024, ack_at_once=False)
     intake.poll(block_ms=1000)        # -> how many records came
     ...write a checkpoint that holds intake.holdout and intake.encoded_buffer()...
@@ -10,9 +10,10 @@ each entry acknowledged only once what it contributed is safe.
 `poll()` takes, in order: on its first call the consumer's own pending entries (XREADGROUP id 0:
 what this consumer name read before a restart and never acknowledged), then entries another
 consumer left idle for `reclaim_idle_ms` (XAUTOCLAIM), then new ones, waiting up to `block_ms`
-only when nothing pending or reclaimable came first. Each record goes to the held-out set
-(HoldoutSplit, about 1 in 10 by a hash of its request id) or, as a training example, to the
-replay buffer. Duplicates (same request id) are dropped there and counted.
+only when nothing pending or reclaimable came first. Each record goes to its lineage's held-out set
+(HoldoutSplit, about 1 in 10 by a hash of its request id) or, as a training example, to its replay
+buffer, and counts as new for that lineage's next round (`Lineage.new_records`). Duplicates (same
+request id) are dropped there and counted.
 
 Acknowledgement (at-least-once, DESIGN.md "Trainer killed mid-batch"):
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -40,6 +42,9 @@ from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import HoldoutSplit, ReplayBuffer
 from trainer.distill import examples_from_record
 from trainer.stream import CorrectionStream
+
+if TYPE_CHECKING:
+    from trainer.domains import DomainLineages
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +57,7 @@ class StreamIntake:
     def __init__(
         self,
         stream: CorrectionStream,
-        holdout: HoldoutSplit,
-        buffer: ReplayBuffer,
+        lineages: DomainLineages,
         max_seq_len: int,
         *,
         ack_at_once: bool,
@@ -61,8 +65,8 @@ class StreamIntake:
         reclaim_idle_ms: int = 60_000,
     ) -> None:
         self.stream = stream
-        self.holdout = holdout
-        self.buffer = buffer
+        self.lineages = lineages
+        self.holdout, self.buffer = lineages.general.holdout, lineages.general.buffer  # hold every record
         self.max_seq_len = max_seq_len
         self.ack_at_once = ack_at_once
         self.read_count = read_count  # entries per XREADGROUP / XAUTOCLAIM
@@ -70,7 +74,6 @@ class StreamIntake:
         self.records_consumed = 0  # distinct records taken from the stream (held out or for training)
         self.tokens_consumed = 0  # their output tokens
         self.duplicates = 0  # records dropped because their request id was already kept
-        self.new_records = 0  # training records since the last round (the trainer resets it)
         self._unacked: dict[str, None] = {}  # stream entry ids routed but not yet acknowledged, in order
         self._buffered: OrderedDict[str, tuple[str | None, bytes]] = OrderedDict()  # the buffer's records
         self._reread_own_pending = True
@@ -94,16 +97,27 @@ class StreamIntake:
         return received
 
     def keep(self, record: CorrectionRecord) -> None:
-        """Held out, or into the replay buffer as a training example; duplicates are dropped."""
-        duplicates = self.holdout.duplicates + self.buffer.duplicates
-        if not self.holdout.add(record):
+        """Held out, or into the replay buffer as a training example; duplicates are dropped.
+
+        A record whose domain has a lineage (trainer/domains.py) is held out or not by its domain's
+        split, and a held-out one is held out of the general set too; one for training goes into both
+        buffers and counts as new for its domain's rounds only."""
+        lineage = self.lineages.route(record)  # None: the general adapter's alone
+        parts = [self.holdout, self.buffer] + ([lineage.holdout, lineage.buffer] if lineage is not None else [])
+        duplicates = sum(part.duplicates for part in parts)
+        if lineage is not None and lineage.holdout.add(record):
+            self.holdout.hold(record)
+        elif lineage is not None or not self.holdout.add(record):
+            example = examples_from_record(record, self.max_seq_len)
             evicted = self.buffer.evicted
-            if self.buffer.add(examples_from_record(record, self.max_seq_len)):
+            if self.buffer.add(example):
                 self._buffered[record.request_id] = (record.domain, record.encode())
                 for _ in range(self.buffer.evicted - evicted):  # the buffer evicts oldest first, as this mirror
                     self._buffered.popitem(last=False)
-                self.new_records += 1
-        if self.holdout.duplicates + self.buffer.duplicates > duplicates:
+                self.lineages.general.new_records += lineage is None
+            if lineage is not None and lineage.buffer.add(example):
+                lineage.new_records += 1
+        if sum(part.duplicates for part in parts) > duplicates:
             self.duplicates += 1
             return
         self.records_consumed += 1
@@ -138,9 +152,7 @@ class StreamIntake:
         prompts of one kind touch about a thousand of the default model's 49152 tokens. A promoted
         draft is restricted to them (`ModelDrafter.restrict_vocab`), which makes its step much cheaper.
         """
-        chosen = {int(t) for example in self.buffer for t in example.target_topk_ids[:, 0].tolist()}
-        chosen |= {int(t) for record in self.holdout.records for t in record.output_ids}
-        return sorted(chosen)
+        return target_tokens(self.buffer, self.holdout)
 
     def _own_pending(self) -> list[tuple[str, CorrectionRecord]]:
         """Entries this consumer name read before (e.g. before a crash) and never acknowledged."""
@@ -165,3 +177,10 @@ class StreamIntake:
         if self.ack_at_once:
             self.ack()
         return routed
+
+
+def target_tokens(buffer: ReplayBuffer, holdout: HoldoutSplit) -> list[int]:
+    """The target's top-1 tokens in a buffer's examples and a held-out set's outputs, sorted."""
+    chosen = {int(t) for example in buffer for t in example.target_topk_ids[:, 0].tolist()}
+    chosen |= {int(t) for record in holdout.records for t in record.output_ids}
+    return sorted(chosen)

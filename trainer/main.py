@@ -62,6 +62,7 @@ class TrainSettings:
     round_steps: int = 20
     gate_min_positions: int = 128  # held-out positions before the first decision (trainer/decision.py)
     gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
+    max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
     retry_s: float = 10.0  # between registration attempts while MLflow is down
     lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
 
@@ -133,6 +134,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         ),
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
+        max_domains=settings.max_domains,
     )
     trainer = OnlineTrainer(
         draft_model,

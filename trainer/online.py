@@ -12,24 +12,24 @@ Small CPU check (tiny random models, a real redis-server): `.venv/bin/python -m 
 
 The loop (`run`), one verb each:
 
-- `poll()` takes records from the stream into the held-out set or the replay buffer
-  (trainer/intake.py, which also says when entries are acknowledged);
-- `train_round()`, once `min_new_records` new training records have arrived: `round_steps`
-  optimiser steps on batches sampled from the buffer, then both the candidate and the champion
-  (the adapter promoted last, or the base draft with adapters disabled) are scored with
-  `draft_agreement` on the same snapshot of the held-out set, and `Gate.decide` judges (the test's
-  tiny model: greedy match 0.067 -> 0.363 on 432 held-out positions clears the 0.01 margin, and the
-  candidate becomes `adapters_dir/v0001`, trainer/versions.py, the champion training continues from);
-- `checkpoint()` makes the state durable (trainer/checkpoint.py), then acknowledges what it covers.
+- `poll()` takes records from the stream into held-out sets and replay buffers (trainer/intake.py,
+  which also says when entries are acknowledged): the general adapter's, and each tagged domain's
+  own (trainer/domains.py: one adapter per domain, up to `max_domains`);
+- `train_round(lineage)`, for the lineage `next_lineage()` names once `min_new_records` new training
+  records of its own have arrived: `round_steps` optimiser steps from its champion on its buffer,
+  then candidate and champion (the base draft with adapters disabled before any version; for a
+  domain without one, the general adapter) are scored with `draft_agreement` on one snapshot of its
+  held-out set, and the gate judges (trainer/decision.py). A winner becomes `adapters_dir/vNNNN`
+  (trainer/versions.py; a domain's carries `"domain"` in its metadata) and the lineage's champion;
+- `checkpoint()` makes the state durable (trainer/checkpoint.py, trainer/resume.py), then
+  acknowledges what it covers.
 
-The registry has the last word: before each round and again before each promotion,
-`sync_registry()` adopts the version an operator moved the `champion` alias to (trainer/champion.py).
-A candidate whose round saw the champion move is discarded.
-
-Rejected candidates are rolled back (LoRA weights copied from the champion, optimiser moments
-cleared), so a round that overfits costs its own steps only and the checkpoint always holds the
-champion. The price: a round's progress below the gate's margin is thrown away; on a plateau,
-raise `round_steps` rather than lowering the margin.
+The registry has the last word: before each round and again before each promotion the trainer
+adopts the version an operator moved the lineage's alias to (`champion`, `champion-<domain>`;
+trainer/champion.py). A candidate whose round saw its champion move is discarded. A rejected
+candidate is rolled back (the champion's weights, optimiser moments cleared): a round that
+overfits costs its own steps only, and between rounds (and in checkpoints) the model holds the
+general champion's weights.
 
 The draft is an early-exit draft (trainer/distill.py) or a head (`TrainableHead(target)`,
 trainer/head_distill.py, `lora` then a `HeadSettings`); the gate, versions, checkpoints and registry
@@ -55,16 +55,18 @@ import redis
 
 from adaptive_spec.contracts import version_dir_name
 from adaptive_spec.record import CorrectionRecord
-from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.champion import Champion, RegistryChampion, agreement
-from trainer.checkpoint import latest_checkpoint, read_records, write_checkpoint
+from trainer.buffer import ReplayBuffer
+from trainer.champion import RegistryChampion, agreement
+from trainer.checkpoint import latest_checkpoint, write_checkpoint
 from trainer.decision import StatisticalGate
 from trainer.distill import DraftTrainer, LoraSettings
-from trainer.gate import Gate, GateFigures
+from trainer.domains import DomainLineages, Lineage
+from trainer.gate import Gate
 from trainer.head_distill import HeadTrainer
 from trainer.head_model import TrainableHead
-from trainer.intake import StreamIntake
-from trainer.rounds import RoundResult, TrainerStatus, result_state, versus
+from trainer.intake import StreamIntake, target_tokens
+from trainer.resume import COUNTERS, restore_trainer, trainer_state
+from trainer.rounds import RoundResult, TrainerStatus, versus
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion, VersionDirs
 
@@ -92,6 +94,7 @@ class OnlineSettings:
     read_count: int = 64  # entries per XREADGROUP / XAUTOCLAIM
     reclaim_idle_ms: int = 60_000  # another consumer's pending entries are taken over after this long
     registry_retry_s: float = 30.0  # while the registry is unreachable, ask it again after this long
+    max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
 
     def __post_init__(self) -> None:
         if self.min_new_records < 1 or self.round_steps < 1:
@@ -127,7 +130,7 @@ class OnlineTrainer:
         self.rounds = 0
         self.promote_errors = 0  # on_promote raised
         self.last_result: RoundResult | None = None
-        self._checkpoint_seq = 0
+        self.checkpoint_seq = 0
         self._changed = False  # anything to checkpoint since the last checkpoint
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
@@ -139,26 +142,22 @@ class OnlineTrainer:
             target_id=settings.target_id,
             draft_id=settings.draft_id,
         )
+        self.lineages = DomainLineages(settings, self.trainer, self.versions, champion_source)
+        self.general, self.champion = self.lineages.general, self.lineages.general.champion
         self.intake = StreamIntake(
             stream,
-            HoldoutSplit(
-                settings.holdout_fraction,
-                settings.holdout_records,
-                warmup_records=min(settings.holdout_warmup, settings.holdout_records),
-            ),
-            ReplayBuffer(settings.buffer_tokens),
+            self.lineages,
             self.trainer.settings.max_seq_len,
             ack_at_once=self.checkpoint_dir is None,
             read_count=settings.read_count,
             reclaim_idle_ms=settings.reclaim_idle_ms,
         )
         self.buffer, self.holdout, self.adapters_dir = self.intake.buffer, self.intake.holdout, self.versions.root
-        self.champion = Champion(self.trainer, self.versions, champion_source, settings.registry_retry_s)
         self.status = TrainerStatus(stream.redis, stream.consumer)  # for operators: log and dashboard
         self.batch_tokens = settings.batch_tokens or self.trainer.settings.batch_tokens
         self.rng = np.random.default_rng(self.trainer.settings.seed)
         if state is not None:
-            self._restore(state, checkpoint)
+            restore_trainer(self, state, checkpoint)
         self.stream.ensure_group()
 
     # ---------------------------------------------------------------- the loop
@@ -182,7 +181,7 @@ class OnlineTrainer:
         deadline = started + budget_s if budget_s is not None else math.inf
         last_checkpoint = started
         redis_down = False
-        log.info("online trainer %s started: %s", self.stream.consumer, self._progress())
+        log.info("online trainer %s started: %s", self.stream.consumer, self.progress())
         while not stop.is_set() and time.monotonic() < deadline:
             block_ms = int(min(poll_block_ms, max(1.0, (deadline - time.monotonic()) * 1000)))
             try:
@@ -194,18 +193,23 @@ class OnlineTrainer:
                 stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
                 continue
             redis_down = False
-            if self.intake.new_records >= self.settings.min_new_records:
-                self.train_round()
+            lineage = self.next_lineage()
+            if lineage is not None:
+                self.train_round(lineage)
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
-                self._report(RoundResult(False, False, self._waiting(self.holdout.records) or "waiting for records"))
+                first = max(
+                    (self.general, *self.lineages), key=lambda lineage: lineage.new_records
+                )  # the nearest to a round
+                waiting = self._waiting(first, first.holdout.records) or "waiting for records"
+                self._report(RoundResult(False, False, waiting, domain=first.domain))
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 if self.checkpoint_dir is not None and self._dirty():
                     self.checkpoint()
                 last_checkpoint = time.monotonic()
-                log.info("progress: %s", self._progress())
+                log.info("progress: %s", self.progress())
         if self.checkpoint_dir is not None and self._dirty():
             self.checkpoint()
-        log.info("online trainer stopped after %.0f s: %s", time.monotonic() - started, self._progress())
+        log.info("online trainer stopped after %.0f s: %s", time.monotonic() - started, self.progress())
         return self.counters()
 
     def poll(self, block_ms: int | None = 1000) -> int:
@@ -216,21 +220,25 @@ class OnlineTrainer:
             self._changed = True
         return received
 
-    def train_round(self) -> RoundResult:
-        """Train `round_steps` steps from the champion, gate the candidate, promote it or roll it back."""
-        heldout = self.holdout.records  # one snapshot for both sides of the gate
-        waiting = self._waiting(heldout)
+    def train_round(self, lineage: Lineage | None = None) -> RoundResult:
+        """Train `round_steps` steps from the lineage's champion (the general one by default), gate the
+        candidate on its held-out records, promote it or roll it back."""
+        lineage = lineage or self.general
+        heldout = lineage.holdout.records  # one snapshot for both sides of the gate
+        waiting = self._waiting(lineage, heldout)
         if waiting:
-            return self._report(RoundResult(False, False, waiting))
-        self.sync_registry()  # the gate must compare against what is served, and training start from it
-        champion = self.champion.figures(heldout, self.holdout.revision)
-        new_records, self.intake.new_records = self.intake.new_records, 0
-        losses, trained_ids, train_s = self._train()
+            return self._report(RoundResult(False, False, waiting, domain=lineage.domain))
+        self._sync(lineage)  # the gate must compare against what is served, and training start from it
+        champion = lineage.champion.figures(heldout, lineage.holdout.revision)
+        if lineage.domain is not None:
+            lineage.champion.roll_back()  # its weights into the model (the figures may come from the cache)
+        new_records, lineage.new_records = lineage.new_records, 0
+        losses, trained_ids, train_s = self._train(lineage.buffer)
         candidate = agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
-        if accepted and self.sync_registry():  # adopting replaced the candidate's weights
+        if accepted and self._sync(lineage):  # adopting replaced the candidate's weights
             accepted = False
-            reason = f"the registry's champion moved during the round; candidate discarded, training from {self.champion.name()}"
+            reason = f"the registry's champion moved during the round; candidate discarded, training from {lineage.champion.name()}"
         self.rounds += 1
         self._changed = True
         loss = float(np.mean(losses))
@@ -247,15 +255,19 @@ class OnlineTrainer:
             train_s,
             candidate,
             champion,
+            domain=lineage.domain,
         )
         if accepted:
-            result = dataclasses.replace(result, version=self._promote(result, trained_ids).version)
+            result = dataclasses.replace(result, version=self._promote(result, trained_ids, lineage).version)
         else:
-            self.champion.roll_back()
+            lineage.champion.roll_back()
+            if lineage.domain is not None:
+                self.champion.roll_back()  # between rounds the model holds the general champion
         self.last_result = result
         log.info(
-            "round %d: %d steps in %.1f s, loss %.4f -> %.4f; held-out %s: %s",
+            "round %d (%s): %d steps in %.1f s, loss %.4f -> %.4f; held-out %s: %s",
             result.round,
+            lineage.label,
             result.steps,
             train_s,
             result.first_loss,
@@ -266,7 +278,8 @@ class OnlineTrainer:
         return self._report(result)
 
     def _report(self, result: RoundResult) -> RoundResult:
-        self.status.report(result, self.champion.name())
+        lineage = self.lineages.lineages.get(result.domain) if result.domain is not None else None
+        self.status.report(result, (lineage or self.general).champion.name())
         return result
 
     def sync_registry(self) -> bool:
@@ -276,29 +289,46 @@ class OnlineTrainer:
         self._changed |= moved
         return moved
 
+    def _sync(self, lineage: Lineage) -> bool:
+        """sync_registry, then the domain's own alias; True when either champion changed (a domain
+        without a version of its own stands on the general one)."""
+        moved = self.sync_registry()
+        if lineage.domain is not None:
+            moved |= lineage.champion.sync()
+            self._changed |= moved
+        return moved
+
+    # ---------------------------------------------------------------- lineages (trainer/domains.py)
+
+    def next_lineage(self) -> Lineage | None:
+        """The lineage run() trains next, or None (trainer/domains.py `DomainLineages.next`)."""
+        return self.lineages.next(lambda lineage: self._waiting(lineage, lineage.holdout.records))
+
     def checkpoint(self) -> Path:
         """Write the champion, buffer, held-out set and counters atomically, then acknowledge the
         entries they contain. Returns the checkpoint directory."""
         if self.checkpoint_dir is None:
             raise ValueError("this trainer has no checkpoint_dir")
         covered = self.intake.unacked  # everything routed so far is in what is written below
-        self._checkpoint_seq += 1
+        self.checkpoint_seq += 1
         path = write_checkpoint(
             self.checkpoint_dir,
-            self._checkpoint_seq,
+            self.checkpoint_seq,
             self.trainer.save,  # between rounds the weights are the champion's
             self.intake.encoded_buffer(),
             (record.encode() for record in self.holdout.records),
-            self._state(),
+            trainer_state(self),
         )
-        self._changed = self.champion.changed = False
+        self._changed = False
+        for lineage in (self.general, *self.lineages):
+            lineage.champion.changed = False
         self.intake.ack(covered)
         return path
 
     def counters(self) -> dict:
         """Figures for reports (bench-drift's records_consumed, tokens_consumed, train_s, adapters_promoted)."""
         return {
-            **{name: getattr(self, name) for name in _COUNTERS},
+            **{name: getattr(self, name) for name in COUNTERS},
             "buffer_records": len(self.buffer),
             "holdout_records": len(self.holdout),
             "unacknowledged": len(self.intake.unacked),
@@ -308,6 +338,7 @@ class OnlineTrainer:
             "next_version": self.next_version,
             "adoptions": self.adoptions,
             "registry_champion": self.registry_champion,
+            "domains": self.lineages.counters(),
         }
 
     # What reports and tests read, answered by the part that keeps it.
@@ -324,10 +355,14 @@ class OnlineTrainer:
 
     # ---------------------------------------------------------------- the champion and new versions
 
-    def _waiting(self, heldout: list[CorrectionRecord]) -> str | None:
-        """Why it is not time for a round yet, or None."""
-        new_records, needed = self.intake.new_records, self.settings.min_new_records
-        if new_records < needed or not len(self.buffer):
+    def _waiting(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
+        """Why it is not time for the lineage's round yet, or None."""
+        waiting = self._waiting_for(lineage, heldout)
+        return waiting if waiting is None or lineage.domain is None else f"{lineage.domain}: {waiting}"
+
+    def _waiting_for(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
+        new_records, needed = lineage.new_records, self.settings.min_new_records
+        if new_records < needed or not len(lineage.buffer):
             return f"{new_records} new training records, need {needed}"
         positions = sum(len(record.output_ids) for record in heldout)
         waiting = getattr(self.gate, "waiting_for", None)
@@ -337,31 +372,33 @@ class OnlineTrainer:
             return f"held-out set has {positions} positions, the gate needs {self.gate.min_positions}"
         return None
 
-    def _train(self) -> tuple[list[float], set[str], float]:
-        """`round_steps` optimiser steps on batches sampled from the buffer: (losses, request ids, seconds)."""
+    def _train(self, buffer: ReplayBuffer) -> tuple[list[float], set[str], float]:
+        """`round_steps` optimiser steps on batches sampled from `buffer`: (losses, request ids, seconds)."""
         losses, trained_ids = [], set()
         started = time.perf_counter()
         for _ in range(self.settings.round_steps):
-            batch = self.buffer.sample_batch(self.rng, self.batch_tokens)
+            batch = buffer.sample_batch(self.rng, self.batch_tokens)
             losses.append(self.trainer.train_step(batch))
             trained_ids.update(example.request_id for example in batch)
         train_s = time.perf_counter() - started
         self.train_s += train_s
         return losses, trained_ids, train_s
 
-    def _promote(self, result: RoundResult, trained_ids: set[str]) -> AdapterVersion:
-        """Save the candidate as the next version, make it the champion, checkpoint, call on_promote."""
-        parent = self.champion_version
+    def _promote(self, result: RoundResult, trained_ids: set[str], lineage: Lineage) -> AdapterVersion:
+        """Save the candidate as the next version, make it the lineage's champion, checkpoint, call on_promote."""
+        parent_champion = lineage.champion if lineage.champion.version is not None else self.champion
+        parent = parent_champion.version
         promoted = self.versions.promote(
             self.trainer.save,
-            self.intake.target_tokens(),
+            target_tokens(lineage.buffer, lineage.holdout),
             candidate=result.candidate,
             champion=result.champion,
             loss=result.loss,
             domain_mix=self.intake.domain_mix(trained_ids),
             parent_version=parent,
-            parent_sha256=self.champion_sha256,
-            parent_registry_version=self.registry_versions.get(version_dir_name(parent or 0)),
+            parent_sha256=parent_champion.sha256,
+            parent_registry_version=parent_champion.registry_versions.get(version_dir_name(parent or 0)),
+            domain=lineage.domain,
             base_version=self.settings.base_version,
             round=result.round,
             round_steps=result.steps,
@@ -371,7 +408,9 @@ class OnlineTrainer:
             records_consumed=self.records_consumed,
             tokens_consumed=self.tokens_consumed,
         )
-        self.champion.promoted(promoted.version, promoted.sha256, result.candidate, self.holdout.revision)
+        lineage.champion.promoted(promoted.version, promoted.sha256, result.candidate, lineage.holdout.revision)
+        if lineage.domain is not None:
+            self.champion.roll_back()  # between rounds (and in checkpoints) the model holds the general champion
         self.adapters_promoted += 1
         if self.checkpoint_dir is not None:  # a restart must not fall back to the champion before this one
             self.checkpoint()
@@ -383,7 +422,7 @@ class OnlineTrainer:
                 log.exception("on_promote failed for %s", promoted.path)
         return promoted
 
-    def _progress(self) -> str:
+    def progress(self) -> str:
         last = self.last_result
         return (
             f"{self.records_consumed} records ({self.tokens_consumed} tokens) consumed, {len(self.buffer)} buffered, "
@@ -393,49 +432,5 @@ class OnlineTrainer:
         )
 
     def _dirty(self) -> bool:
-        return self._changed or self.champion.changed or bool(self.intake.unacked)
-
-    def _state(self) -> dict:
-        """What state.json holds (trainer/checkpoint.py lists it)."""
-        return {
-            "created_at": time.time(),
-            "consumer": self.stream.consumer,
-            "checkpoint_seq": self._checkpoint_seq,
-            **self.champion.state(),
-            "next_version": self.versions.next,
-            "base_version": self.settings.base_version,
-            "new_records": self.intake.new_records,
-            "counters": {name: getattr(self, name) for name in _COUNTERS},
-            "rng": self.rng.bit_generator.state,
-            "last_result": result_state(self.last_result) if self.last_result else None,
-        }
-
-    def _restore(self, state: dict, checkpoint: Path) -> None:
-        if state["consumer"] != self.stream.consumer:
-            log.warning(
-                "checkpoint %s was written by consumer %r, this trainer reads as %r: that consumer's unacknowledged "
-                "entries come back only after %d ms idle (XAUTOCLAIM)",
-                checkpoint,
-                state["consumer"],
-                self.stream.consumer,
-                self.settings.reclaim_idle_ms,
-            )
-        for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
-            self.intake.keep(record)
-        for name, value in state["counters"].items():
-            setattr(self.intake if name in _INTAKE_COUNTERS else self, name, value)
-        self.champion.load_state(state)
-        self.versions.next = max(self.versions.next, state["next_version"])
-        self.intake.new_records = state["new_records"]
-        self._checkpoint_seq = state["checkpoint_seq"]
-        self.rng.bit_generator.state = state["rng"]
-        if state["last_result"]:
-            last = dict(state["last_result"])
-            for side in ("candidate", "champion"):
-                last[side] = GateFigures(**last[side]) if last[side] else None
-            self.last_result = RoundResult(**last)
-        log.info("resumed from %s: %s", checkpoint, self._progress())
-
-
-_INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
-_COUNTERS = (*_INTAKE_COUNTERS, "train_s", "adapters_promoted", "rounds", "promote_errors")
+        champions_changed = any(lineage.champion.changed for lineage in (self.general, *self.lineages))
+        return self._changed or champions_changed or bool(self.intake.unacked)

@@ -47,6 +47,7 @@ class RoundResult:
     candidate: GateFigures | None = None
     champion: GateFigures | None = None
     version: int | None = None  # the new champion's version when promoted
+    domain: str | None = None  # whose lineage (trainer/domains.py); None: the general adapter
 
 
 def versus(candidate: GateFigures, champion: GateFigures) -> str:
@@ -81,6 +82,7 @@ class TrainerStatus:
             "consumer": self.consumer,
             "at": time.time(),
             "round": result.round,
+            "domain": result.domain,
             "champion": champion,
             "candidate": result.candidate.as_dict() if result.candidate else None,
             "champion_figures": result.champion.as_dict() if result.champion else None,

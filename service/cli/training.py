@@ -14,7 +14,7 @@ from pathlib import Path
 from adaptive_spec.contracts import DATA_DIR_ENV, REDIS_URL_ENV
 from adaptive_spec.engine import DEFAULT_DRAFT
 from adaptive_spec.models import DEFAULT_MODEL
-from service.cli.options import DTYPES, confidence, positive_int
+from service.cli.options import DTYPES, confidence, non_negative_int, positive_int
 
 
 def add_commands(commands) -> None:
@@ -72,6 +72,15 @@ def add_commands(commands) -> None:
         help="one-sided confidence, over held-out records, that the candidate's gain exceeds the margin "
         "(trainer/decision.py; default: %(default)s)",
     )
+    train.add_argument(
+        "--max-domains",
+        type=non_negative_int,
+        default=8,
+        help="domains (the requests' adaptive_spec.domain tag) that get an adapter of their own, trained and "
+        "gated on their own traffic and served under the alias champion-<domain>; untagged requests and "
+        "further domains train the general adapter; 0: one general adapter for all traffic "
+        "(default: %(default)s)",
+    )
     train.add_argument("--checkpoint-every-s", type=float, default=30.0, help="default: %(default)s")
     train.add_argument("--budget-minutes", type=float, default=None, help="stop after this long (default: never)")
     train.set_defaults(func=cmd_train)
@@ -97,6 +106,7 @@ def cmd_train(args) -> int:
         round_steps=args.round_steps,
         gate_min_positions=args.gate_min_positions,
         gate_confidence=args.gate_confidence,
+        max_domains=args.max_domains,
         checkpoint_every_s=args.checkpoint_every_s,
         budget_s=args.budget_minutes * 60 if args.budget_minutes else None,
     )

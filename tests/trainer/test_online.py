@@ -103,6 +103,7 @@ def make_trainer(
         checkpoint_dir=root / "checkpoint",
         target_id="tiny-llama",
         draft_id="early-exit:1",
+        max_domains=0,  # one general adapter: these tests are about its loop (per-domain: test_domains.py)
     )
     settings = OnlineSettings(root / "adapters", **(defaults | options))
     stream = CorrectionStream(client, stream=stream, consumer=consumer)
@@ -391,7 +392,7 @@ def test_before_its_first_round_a_running_trainer_says_what_it_waits_for(target,
     trainer.run(threading.Event(), budget_s=1.5, poll_block_ms=100)
     status = json.loads(redis_client.get(TRAINER_STATUS_KEY))  # what the dashboard shows a new user
     assert status["state"] == "waiting" and status["round"] == 0
-    assert status["message"] == f"{trainer.intake.new_records} new training records, need 1000"
+    assert status["message"] == f"{trainer.general.new_records} new training records, need 1000"
 
 
 # ---------------------------------------------------------------- resume

@@ -64,6 +64,7 @@ OPTIONS = dict(
     read_count=16,
     target_id="tiny-llama",
     draft_id="early-exit:1",
+    max_domains=0,  # the general adapter's `champion` alias
 )
 
 
