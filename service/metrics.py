@@ -9,6 +9,10 @@ counters get prometheus_client's `_total` suffix, as vLLM's do. The dashboard fo
     mean acceptance length  = 1 + rate(..._num_accepted_tokens_total[5m]) / rate(..._num_drafts_total[5m])
     acceptance at position i = rate(..._num_accepted_tokens_per_pos_total{position="i"}[5m])
                             / rate(..._num_drafts_total[5m])
+    chosen k per domain     = sum by (domain) (rate(..._num_draft_tokens_total[5m]))
+                            / sum by (domain) (rate(..._num_target_forwards_total[5m]))
+      (draft tokens per decoding step, the steps where dynamic k drafted nothing included; the
+      dashboard's "mean k" column is the same figure)
 
 Example: 10 drafts of 4 tokens with 30 accepted give acceptance rate 30 / 40 = 0.75 and mean
 acceptance length 1 + 30 / 10 = 4.0 (vLLM's convention, which counts only steps that drafted;

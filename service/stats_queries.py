@@ -48,7 +48,7 @@ FIELDS = (
     "decode_s",
 )
 BASE, TARGET_ALONE = "base", "target"
-MERGE_S = 60  # markers of one change (same kind, version and author) within this long are one marker
+MERGE_S = 60  # markers of one change (same kind, version, author and domain) within this long are one marker
 
 
 def field_name(version: str, domain: str, name: str) -> str:
@@ -153,7 +153,7 @@ class StatsQueries:
             t = float(fields.get("t", 0))
             if not start <= t <= end:
                 continue
-            event = {"t": t, "kind": fields.get("kind"), "version": fields.get("version"), "by": fields.get("by")}
+            event = {key: fields.get(key) for key in ("kind", "version", "by", "domain")} | {"t": t}
             same = next((e for e in reversed(merged[-20:]) if _same_change(e, event)), None)
             if same is not None:
                 same["replicas"] += 1
@@ -179,6 +179,7 @@ def figures(sums: dict[str, float], baseline: dict[str, float] | None = None) ->
         "acceptance_rate": ratio(sums.get("accepted", 0.0), sums.get("drafted")),
         "mean_acceptance_length": ratio(sums.get("tokens", 0.0), sums.get("target_forwards")),
         "first_token_acceptance": ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
+        "draft_k": ratio(sums.get("drafted", 0.0), sums.get("target_forwards")),  # chosen k per step, 0s included
         "tokens_per_s": tokens_per_s,
         "speedup": ratio(tokens_per_s, baseline_tok_s) if tokens_per_s is not None else None,
         "requests": int(sums.get("requests", 0)),
@@ -187,7 +188,15 @@ def figures(sums: dict[str, float], baseline: dict[str, float] | None = None) ->
     }
 
 
-_SERIES = ("acceptance_rate", "mean_acceptance_length", "first_token_acceptance", "tokens_per_s", "speedup", "requests")
+_SERIES = (
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "first_token_acceptance",
+    "draft_k",
+    "tokens_per_s",
+    "speedup",
+    "requests",
+)
 
 
 def _figures_series(slots: list[dict | None], baseline: list[dict | None] | None) -> dict[str, list]:
@@ -207,7 +216,7 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def _same_change(event: dict, other: dict) -> bool:
-    same = all(event[key] == other[key] for key in ("kind", "version", "by"))
+    same = all(event[key] == other[key] for key in ("kind", "version", "by", "domain"))
     return same and other["t"] - event["t"] < MERGE_S
 
 

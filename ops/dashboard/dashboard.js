@@ -23,6 +23,9 @@ function colorFor(version) {
 
 const fmt = (value, digits = 3) => value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 const versionName = v => (v === "base" || v === "target") ? v : "v" + v;
+// What a marker moved to: "v5", or for a domain's adapter "sql: v5" ("sql: general adapter" once unloaded).
+const markerTarget = e => e.domain ? `${e.domain}: ${e.version === "base" ? "general adapter" : versionName(e.version)}`
+  : versionName(e.version);
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -57,7 +60,7 @@ function markersPlugin() {
       const nearRightEdge = x > u.bbox.left + 0.8 * u.bbox.width;
       ctx.textAlign = nearRightEdge ? "right" : "left";
       const row = (counts.swap + counts.rollback + counts.promote) % 4;  // stagger labels of close markers
-      ctx.fillText(`${event.kind} → ${versionName(event.version)}`, x + (nearRightEdge ? -4 : 4) * dpr, top + (12 + 12 * row) * dpr);
+      ctx.fillText(`${event.kind} → ${markerTarget(event)}`, x + (nearRightEdge ? -4 : 4) * dpr, top + (12 + 12 * row) * dpr);
       ctx.restore();
       counts[event.kind] = (counts[event.kind] || 0) + 1;
     }
@@ -164,10 +167,11 @@ function renderDomains(summary) {
   for (const row of summary.domains) {
     body.append(el("tr", { "data-domain": row.domain }, el("td", {}, row.domain), el("td", {}, String(row.requests)),
       el("td", {}, fmt(row.acceptance_rate)), el("td", {}, fmt(row.first_token_acceptance)),
-      el("td", {}, fmt(row.mean_acceptance_length, 2)), el("td", {}, fmt(row.tokens_per_s, 1)),
+      el("td", {}, fmt(row.mean_acceptance_length, 2)), el("td", {}, fmt(row.draft_k, 2)),
+      el("td", {}, row.adapter === null ? "base draft" : versionName(row.adapter)), el("td", {}, fmt(row.tokens_per_s, 1)),
       el("td", {}, row.speedup === null ? "not measured" : fmt(row.speedup, 2) + "×")));
   }
-  if (!summary.domains.length) body.append(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "no traffic in this range")));
+  if (!summary.domains.length) body.append(el("tr", {}, el("td", { colspan: "9", class: "muted" }, "no traffic in this range")));
 }
 
 function renderEvents(events) {
@@ -176,7 +180,7 @@ function renderEvents(events) {
   for (const event of events.slice().reverse()) {
     list.append(el("li", { "data-kind": event.kind, "data-version": event.version },
       new Date(event.t * 1000).toLocaleString() + " ", el("span", { class: "kind-" + event.kind }, event.kind),
-      ` to ${versionName(event.version)} by ${event.by}` + (event.replicas > 1 ? ` (${event.replicas} replicas)` : "")));
+      ` to ${markerTarget(event)} by ${event.by}` + (event.replicas > 1 ? ` (${event.replicas} replicas)` : "")));
   }
   if (!events.length) list.append(el("li", { class: "muted" }, "none in this range"));
 }

@@ -100,6 +100,7 @@ async def summary(request: Request, start: From = None, end: To = None) -> JSONR
 
 def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
     served = service.engine.adapter_version
+    held = service.engine.adapters.versions()  # domain (None: general) -> version this server drafts with
     drift = stats.drift(served)
     stats.drift_state = drift  # the gauge follows what the page shows
     by_version: dict[str, dict[str, float]] = {}
@@ -125,9 +126,18 @@ def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
             "min_drafts": settings.min_drafts,
         },
         "versions": [{"version": v, **figures(s, baseline)} for v, s in sorted(by_version.items())],
-        "domains": [{"domain": d, **figures(s, baseline_by_domain.get(d))} for d, s in sorted(by_domain.items())],
+        "domains": [
+            {"domain": d, "adapter": _drafts_with(held, d), **figures(s, baseline_by_domain.get(d))}
+            for d, s in sorted(by_domain.items())
+        ],
         "store": dict(stats.counts),
     }
+
+
+def _drafts_with(held: dict, label: str) -> str | None:
+    """The version a domain's requests draft with now: its own adapter, else the general one (None: the
+    base draft). `label` is the stats' ("none": untagged, "other": past the label limit)."""
+    return held.get(label, held.get(None)) if label not in ("none", "other") else held.get(None)
 
 
 def _add(into: dict[str, float], sums: dict[str, float]) -> None:
