@@ -50,7 +50,9 @@ def test_series_events_and_summary_follow_live_traffic_and_swaps(
         assert [d["domain"] for d in summary["domains"]] == ["alpha", "beta"]
         assert all(0 <= d["draft_k"] <= 3 for d in summary["domains"])  # tokens drafted per step, k = 3 at most
         assert [d["adapter"] for d in summary["domains"]] == ["1", "1"]  # no domain adapter: the general one
-        v2 = make_adapter(engine.target, 1, tmp_path / "v2", seed=2, version=2, greedy_match=0.5, expected_acceptance=0.4)
+        v2 = make_adapter(
+            engine.target, 1, tmp_path / "v2", seed=2, version=2, greedy_match=0.5, expected_acceptance=0.4
+        )
         server.service.engine.load_adapter(v2, "2", domain="beta")
         summary = httpx.get(server.url + "/api/stats/summary").json()
         assert {d["domain"]: d["adapter"] for d in summary["domains"]} == {"alpha": "1", "beta": "2"}
