@@ -111,10 +111,13 @@ class Service:
             self.stats.close()
         log.info("stopped; correction log %s", self.writer.counters() if self.writer else "off")
 
-    def record_swap(self, kind: str, version: str | None, by: str | None, adapter_dir) -> None:
-        """The watcher's callback, once per swap it made: a dashboard marker with the adapter's gate figures."""
+    def record_swap(
+        self, kind: str, version: str | None, by: str | None, adapter_dir, *, domain: str | None = None
+    ) -> None:
+        """The watcher's callback, once per swap it made (of the general adapter, or of `domain`'s): a
+        dashboard marker with the adapter's gate figures."""
         if self.stats is not None:
-            self.stats.mark(kind, version, by, adapter_dir=adapter_dir)
+            self.stats.mark(kind, version, by, adapter_dir=adapter_dir, domain=domain)
 
     def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None, n: int = 1) -> Job:
         """A job for the worker; its id names the response and the correction records (one per choice)."""

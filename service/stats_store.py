@@ -14,7 +14,7 @@ Redis layout (no RedisTimeSeries: plain hashes and one stream):
 | key | type | holds |
 |---|---|---|
 | `adaptive_spec:stats:b:{res}:{start}` | hash | one bucket of `res` s (10, 60, 600) from unix time `start`; field `{version}\\|{domain}\\|{name}` |
-| `adaptive_spec:stats:events` | stream | swap and rollback markers: kind, version, by, replica (`MAXLEN ~ 10000`) |
+| `adaptive_spec:stats:events` | stream | swap and rollback markers: kind, version, by, replica, and domain for a domain's adapter (`MAXLEN ~ 10000`) |
 | `adaptive_spec:stats:adapters` | hash | version -> JSON of the adapter's gate figures, written when a server loads it |
 
 `version` is the served adapter version, "base" for the base draft, or "target" for requests
@@ -163,9 +163,10 @@ class StatsRecorder(StatsQueries):
         adapter_dir: str | Path | None = None,
         metadata: dict | None = None,
         at: float | None = None,
+        domain: str | None = None,
     ) -> None:
         """Record a swap or rollback to `version` (None = the base draft) by `by`, at `at` (default
-        now). Never blocks.
+        now), of the general adapter or (`domain`) of that domain's. Never blocks.
 
         `adapter_dir` (or its parsed `metadata`) also stores the adapter's gate figures, which
         the summary and the drift alert compare live acceptance with."""
@@ -175,7 +176,7 @@ class StatsRecorder(StatsQueries):
             metadata = _metadata(AdapterDir(adapter_dir))
         if metadata:
             self.adapter_loaded(version, metadata)
-        self._queue_event(kind, version, by or "unknown", at)
+        self._queue_event(kind, version, by or "unknown", at, domain)
 
     def adapter_loaded(self, version: str | None, metadata: dict) -> None:
         """Keep an adapter's gate figures (from its adaptive_spec_adapter.json) for the summary."""
@@ -183,7 +184,7 @@ class StatsRecorder(StatsQueries):
         with self._lock:
             self._pending_adapters[version_label(version)] = json.dumps(info, default=_json_safe)
 
-    def _queue_event(self, kind: str, version: str | None, by: str, at: float | None) -> None:
+    def _queue_event(self, kind: str, version: str | None, by: str, at: float | None, domain: str | None) -> None:
         event = {
             "kind": kind,
             "version": version_label(version),
@@ -191,6 +192,8 @@ class StatsRecorder(StatsQueries):
             "replica": self.replica,
             "t": f"{time.time() if at is None else at:.3f}",
         }
+        if domain is not None:  # a stream entry holds strings only: the general adapter's has no field
+            event["domain"] = domain
         with self._lock:
             if len(self._pending_events) < 1000:
                 self._pending_events.append(event)

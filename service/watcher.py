@@ -1,5 +1,5 @@
-"""The adapter watcher: the server follows the registry's `champion` alias and hot-swaps the draft's
-adapter between decoding steps.
+"""The adapter watcher: the server follows the registry's champion aliases, `champion` for the general
+adapter and `champion-<domain>` for each domain's, and hot-swaps the draft's adapters between decoding steps.
 
     registry = open_registry(settings)           # MLFLOW_TRACKING_URI, else <data-dir>/mlflow.db if there
     watcher = AdapterWatcher(engine, registry, data_dir / "adapter-cache", poll_s=5.0,
@@ -17,11 +17,20 @@ Two signals wake it (DESIGN.md "Swap"):
 - an event on the Redis pub/sub channel `adaptive_spec:adapters` (sent by the registry on every
   promote and rollback): the check runs at once, and the event says what kind of change it was
   and who made it;
-- a poll of the alias every `poll_s` (5 s by default), so an alias moved by hand in the MLflow UI
+- a poll of the aliases every `poll_s` (5 s by default), so an alias moved by hand in the MLflow UI
   is followed within `poll_s` plus a download, and a lost event costs one poll at most.
 
-A change of champion to version V, in order; any failure before step 4 refuses V and nothing
-changes (the served adapter stays; the refusal is logged and counted in
+One check reads every champion alias at once (`registry.champions()`, one MLflow call) and compares
+each with the engine's slots (`engine.adapters.versions()`, adaptive_spec/adapter_slots.py): the
+general adapter first, then the domains whose alias is gone (unloaded from their slot, so their
+requests draft with the general adapter again), then the others by name. At most
+`engine.adapters.max_domains` domains are followed (the first by name; a warning names the rest),
+so the watcher never makes the slots evict one it would load back at the next poll. `check()`
+returns the general adapter's outcome when it is not "unchanged", else the first domain's that is
+not, else "unchanged"; "unavailable" when MLflow could not be read.
+
+A change of a champion alias to version V, in order; any failure before step 4 refuses V for that
+domain and nothing changes (the served adapter stays; the refusal is logged and counted in
 `adaptive_spec:adapter_refusals_total{reason}`):
 
 1. V must be for this engine: its `target_id` and `draft_id` tags equal the engine's (reason
@@ -34,15 +43,17 @@ changes (the served adapter stays; the refusal is logged and counted in
    a new slot, then swapped under the step lock and the old slot dropped (reason "incompatible"
    or "corrupt" when it refuses).
 
-A refused version is not tried again until the alias moves elsewhere and back. The champion alias
-removed (or the registered model gone) unloads to the base draft. MLflow unreachable: the served
-adapter stays and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
+A refused version is not tried again until its alias moves elsewhere and back (`refused` holds
+(domain, version) -> reason). The champion alias removed (or the registered model gone) unloads to
+the base draft; a domain's alias removed unloads that domain's slot. MLflow unreachable: the served
+adapters stay and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
 
-Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`), its pause (how long decoding was
-held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and `on_swap(kind, version, by, path)` is
-called once, after the swap (`Service.record_swap` marks it on the dashboard), kind "rollback" when the registry's
-event says so (or, for an alias moved in the MLflow UI, when the version number went down), else
-"swap"; `by` is the event's, or "mlflow-alias".
+Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`, every domain alike), its pause (how
+long decoding was held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and
+`on_swap(kind, version, by, path, domain=None)` is called once, after the swap (`Service.record_swap`
+marks it on the dashboard), kind "rollback" when the registry's event for that domain says so (or,
+for an alias moved in the MLflow UI, when the version number went down), else "swap"; `by` is the
+event's, or "mlflow-alias".
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from adaptive_spec.adapters import AdapterDir, AdapterError, check_models
 from adaptive_spec.contracts import (
@@ -68,7 +80,14 @@ from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
-RECENT_ACTION_S = 120.0  # a version's audit tag this fresh names the change the watcher sees
+RECENT_ACTION_S = 120.0  # a registry event this fresh names the change the watcher sees
+
+
+class Swap(NamedTuple):
+    kind: str  # "swap" or "rollback"
+    version: str | None  # None: unloaded (the base draft, or for a domain the general adapter)
+    pause_s: float  # how long decoding was held
+    domain: str | None = None  # None: the general adapter
 
 
 class AdapterWatcher:
@@ -90,9 +109,10 @@ class AdapterWatcher:
         self.events = events  # the registry's pub/sub channel; None: the alias poll alone
         self.metrics = metrics
         self.on_swap = on_swap
-        self.swaps: list[tuple[str, str | None, float]] = []  # (kind, version, pause_s), for reports and tests
-        self.refused: dict[str, str] = {}  # version -> reason, until the alias moves elsewhere
-        self._events: dict[str | None, dict] = {}  # version -> the last pub/sub event naming it
+        self.swaps: list[Swap] = []  # for reports and tests
+        self.refused: dict[tuple[str | None, str], str] = {}  # (domain, version) -> reason, until the alias moves
+        self._events: dict[tuple[str | None, str | None], dict] = {}  # (domain, version) -> the last event naming it
+        self._skipped: list[str] = []  # domains with an alias beyond the engine's slots
         self._check_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -112,7 +132,7 @@ class AdapterWatcher:
         for thread in self._threads:
             thread.start()
         log.info(
-            "watching %r for the champion adapter every %.1f s%s",
+            "watching %r for the champion adapters every %.1f s%s",
             self.registry,
             self.poll_s,
             " and on " + self.events.channel if self.events else "",
@@ -128,44 +148,71 @@ class AdapterWatcher:
     def wake(self, event: dict | None = None) -> None:
         """Check now (e.g. after a promote through the admin API); `event` says what changed and who did it."""
         if event is not None:
-            self._events[None if event.get("version") is None else str(event["version"])] = event
+            version = None if event.get("version") is None else str(event["version"])
+            self._events[(event.get("domain"), version)] = event
         self._wake.set()
 
     # ---------------------------------------------------------------- one check
 
     def check(self) -> str:
-        """Follow the champion alias once; returns what happened."""
+        """Follow every champion alias once; returns what happened (the module docstring says which)."""
         with self._check_lock:
             try:
-                champion = self.registry.champion()
+                champions = self._followed(self.registry.champions())
             except RegistryUnavailable as exc:
                 return self._registry_down(exc)
             if self._unavailable:
                 log.info("the adapter registry is back")
                 self._unavailable = False
-            served = self.engine.adapter_version
-            for version in [v for v in self.refused if v != champion]:
-                del self.refused[version]  # the alias moved on: a later return is a new decision
-            if champion == served or champion in self.refused:
-                return "unchanged" if champion == served else "refused"
-            if champion is None:
-                kind, by = self._describe_change(None, served)
-                self._swapped(kind, None, by, self.engine.unload_adapter(), None)
-                return "unloaded"
-            try:
-                path = self._fetch(champion)
-                pause = self.engine.load_adapter(path, champion)
-            except RegistryUnavailable as exc:
-                return self._registry_down(exc)
-            except RegistryError as exc:
-                self._refuse(champion, AdapterError(f"version {champion}: {exc}", "missing"))
-                return "refused"
-            except AdapterError as exc:
-                self._refuse(champion, exc)
-                return "refused"
-            kind, by = self._describe_change(champion, served)
-            self._swapped(kind, champion, by, pause, path)
-            return "swapped"
+            served = self.engine.adapters.versions()
+            # an alias that moved on forgets its refusal: a later return is a new decision
+            self.refused = {key: why for key, why in self.refused.items() if champions.get(key[0]) == key[1]}
+            gone = sorted(d for d in served if d is not None and d not in champions)
+            rest = sorted(d for d in champions if d is not None)
+            outcomes = []
+            for domain in [None, *gone, *rest]:
+                outcome = self._follow(domain, champions.get(domain), served.get(domain))
+                if outcome == "unavailable":
+                    return outcome
+                outcomes.append(outcome)
+            return next((outcome for outcome in outcomes if outcome != "unchanged"), "unchanged")
+
+    def _follow(self, domain: str | None, champion: str | None, served: str | None) -> str:
+        """Bring one slot (the general adapter's, or a domain's) to its champion alias."""
+        if champion == served or (domain, champion) in self.refused:
+            return "unchanged" if champion == served else "refused"
+        if champion is None:
+            kind, by = self._describe_change(domain, None, served)
+            self._swapped(Swap(kind, None, self.engine.unload_adapter(domain), domain), by, None)
+            return "unloaded"
+        try:
+            path = self._fetch(champion)
+            pause = self.engine.load_adapter(path, champion, domain=domain)
+        except RegistryUnavailable as exc:
+            return self._registry_down(exc)
+        except RegistryError as exc:
+            self._refuse(domain, champion, AdapterError(f"version {champion}: {exc}", "missing"))
+            return "refused"
+        except AdapterError as exc:
+            self._refuse(domain, champion, exc)
+            return "refused"
+        kind, by = self._describe_change(domain, champion, served)
+        self._swapped(Swap(kind, champion, pause, domain), by, path)
+        return "swapped"
+
+    def _followed(self, champions: dict[str | None, str]) -> dict[str | None, str]:
+        """The champions this engine can hold: the general one and the first `max_domains` domains by name."""
+        domains = sorted(d for d in champions if d is not None)
+        room = self.engine.adapters.max_domains
+        if domains[room:] != self._skipped:
+            self._skipped = domains[room:]
+            if self._skipped:
+                log.warning(
+                    "the engine holds %d domain adapters: not serving those of %s (raise ADAPTIVE_SPEC_MAX_ADAPTERS)",
+                    room,
+                    ", ".join(self._skipped),
+                )
+        return {d: v for d, v in champions.items() if d is None or d in domains[:room]}
 
     def _fetch(self, version: str) -> Path:
         """Download the version (or reuse the cache) and verify it; returns its directory."""
@@ -194,28 +241,34 @@ class AdapterWatcher:
 
     # ---------------------------------------------------------------- outcomes
 
-    def _swapped(self, kind: str, version: str | None, by: str | None, pause: float, path: Path | None) -> None:
-        self.swaps.append((kind, version, pause))
+    def _swapped(self, swap: Swap, by: str | None, path: Path | None) -> None:
+        self.swaps.append(swap)
         log.info(
-            "adapter %s -> %s (%s by %s): decoding held %.2f ms", kind, version or "base draft", kind, by, pause * 1000
+            "%s adapter %s -> %s (by %s): decoding held %.2f ms",
+            _label(swap.domain),
+            swap.kind,
+            _served_name(swap.domain, swap.version),
+            by,
+            swap.pause_s * 1000,
         )
         if self.metrics is not None:
-            self.metrics.adapter_swaps.labels(kind).inc()
-            self.metrics.adapter_swap_pause.set(pause)
+            self.metrics.adapter_swaps.labels(swap.kind).inc()
+            self.metrics.adapter_swap_pause.set(swap.pause_s)
         if self.on_swap is not None:
             try:
-                self.on_swap(kind, version, by, path)
+                self.on_swap(swap.kind, swap.version, by, path, domain=swap.domain)
             except Exception:  # a dashboard marker must never undo or block a swap
-                log.exception("on_swap failed after the swap to %s", version)
+                log.exception("on_swap failed after the swap to %s", swap.version)
 
-    def _refuse(self, version: str, refusal: AdapterError) -> None:
-        self.refused[version] = refusal.reason
+    def _refuse(self, domain: str | None, version: str, refusal: AdapterError) -> None:
+        self.refused[(domain, version)] = refusal.reason
         log.error(
-            "refused adapter version %s (%s): %s; still serving %s",
+            "refused adapter version %s for the %s adapter (%s): %s; still serving %s",
             version,
+            _label(domain),
             refusal.reason,
             refusal,
-            self.engine.adapter_version or "the base draft",
+            _served_name(domain, self.engine.adapters.versions().get(domain)),
         )
         if self.metrics is not None:
             self.metrics.adapter_refusals.labels(refusal.reason).inc()
@@ -233,19 +286,20 @@ class AdapterWatcher:
             self.metrics.adapter_registry_errors.inc()
         return "unavailable"
 
-    def _describe_change(self, version: str | None, served: str | None) -> tuple[str, str | None]:
-        """(kind, by): from a fresh event naming this version (pub/sub, else the registry's last event);
-        with none, the alias was moved outside adaptive-spec (the MLflow UI): a rollback when the
-        version number went down."""
-        event = self._events.pop(version, None)
+    def _describe_change(self, domain: str | None, version: str | None, served: str | None) -> tuple[str, str | None]:
+        """(kind, by): from a fresh event naming this domain and version (pub/sub, else the registry's
+        last event for the domain); with none, the alias was moved outside adaptive-spec (the MLflow
+        UI): a rollback when the version number went down."""
+        event = self._events.pop((domain, version), None)
         if event is None:  # no pub/sub (or it lost the race): the registry's own record of its last action
             try:
-                event = self.registry.last_event()
+                event = self.registry.last_event(domain)
             except Exception as exc:
                 log.debug("no last event (%s)", exc)
         if (
             event is not None
             and event.get("version") == version
+            and event.get("domain") == domain
             and time.time() - (_float(event.get("at")) or 0.0) < RECENT_ACTION_S
         ):
             return ("rollback" if event.get("event") == "rollback" else "swap"), event.get("by")
@@ -280,7 +334,7 @@ def open_registry(settings) -> AdapterRegistry | None:
 def start_watcher(
     engine, registry: AdapterRegistry | None, settings, *, metrics=None, on_swap=None
 ) -> AdapterWatcher | None:
-    """A started watcher that keeps `engine` on the registry's champion; None when there is nothing to
+    """A started watcher that keeps `engine` on the registry's champions; None when there is nothing to
     watch: no registry, a draft that takes no adapters, or `adapter_poll_s` = 0 (the admin API still
     reaches the registry)."""
     if registry is None or settings.adapter_poll_s <= 0:
@@ -297,6 +351,17 @@ def start_watcher(
         metrics=metrics,
         on_swap=on_swap,
     ).start()
+
+
+def _label(domain: str | None) -> str:
+    return "general" if domain is None else repr(domain)
+
+
+def _served_name(domain: str | None, version: str | None) -> str:
+    """What a slot serves: version 3, or without a version the base draft (general) or the general adapter."""
+    if version is not None:
+        return f"version {version}"
+    return "the base draft" if domain is None else "the general adapter"
 
 
 def _float(text) -> float | None:

@@ -136,7 +136,7 @@ def test_list_rollback_and_promote_with_the_token(server):
     assert response.json()["event"]["by"] == "admin-api:token@127.0.0.1"
     wait_for(lambda: swaps[-1][1] == "3", 5, "the swap after the promote")
     assert server.service.registry.aliases() == {"champion": "3", "previous": "1"}
-    assert [kind for kind, _, _ in server.service.watcher.swaps[-3:]] == ["rollback", "rollback", "swap"]
+    assert [swap.kind for swap in server.service.watcher.swaps[-3:]] == ["rollback", "rollback", "swap"]
 
 
 @pytest.mark.parametrize(

@@ -177,11 +177,13 @@ def test_each_mark_is_one_marker_and_an_unknown_kind_is_refused(redis_client, re
     assert stats.events(0, time.time() + 1) == []  # serving a version is not a swap: only a mark is
     stats.mark("swap", "1", by="watcher")
     stats.mark("rollback", None, by="ops")
+    stats.mark("rollback", None, by="ops", domain="sql")  # sql's adapter unloaded: a marker of its own
     stats.flush()
     events = stats.events(0, time.time() + 1)
-    assert [(e["kind"], e["version"], e["by"]) for e in events] == [
-        ("swap", "1", "watcher"),
-        ("rollback", "base", "ops"),
+    assert [(e["kind"], e["version"], e["by"], e["domain"]) for e in events] == [
+        ("swap", "1", "watcher", None),
+        ("rollback", "base", "ops", None),
+        ("rollback", "base", "ops", "sql"),
     ]
     with pytest.raises(ValueError):
         stats.mark("teleport", "1")

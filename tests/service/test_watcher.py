@@ -13,7 +13,11 @@ What must hold:
 - a corrupt, incompatible or missing artifact is refused before any swap: the served adapter stays,
   the refusal is logged and counted once per reason; a good version afterwards is served;
 - greedy output is token-for-token the target's when swaps land between the steps of a generation;
-- the champion alias removed unloads to the base draft; each swap calls the dashboard's stats.mark.
+- the champion alias removed unloads to the base draft; each swap calls the dashboard's stats.mark;
+- each domain's alias (`champion-sql`) is followed into the engine's slot for that domain, from the one
+  `champions()` read of each check: loaded, swapped, refused and unloaded (its alias deleted) on its own,
+  the general adapter untouched; a request tagged sql drafts with it, still lossless; domains beyond the
+  engine's slots are not loaded.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(
         assert {r["usage"]["spec_decode"]["adapter_version"] for r in results} <= {None, "1", "2", "3"}
         final = complete(server)
         assert final["usage"]["spec_decode"]["adapter_version"] == "3"
-        assert [(kind, version) for kind, version, _ in watcher.swaps] == [("swap", "1"), ("swap", "2"), ("swap", "3")]
+        assert [swap[:2] for swap in watcher.swaps] == [("swap", "1"), ("swap", "2"), ("swap", "3")]
         assert metric(server, "adaptive_spec:adapter_swaps_total", kind="swap") == 3
         assert metric(server, "adaptive_spec:adapter_version") == 3
         assert 0 < metric(server, "adaptive_spec:adapter_swap_pause_seconds") < 0.05
@@ -159,8 +163,8 @@ def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server,
         MlflowClient(tracking_uri=mlflow_server.url).set_registered_model_alias(registry.model_name, "champion", "1")
         wait_for(lambda: watcher.swaps[-1][1] == "1", 10, "the alias moved by hand")  # swapped and recorded
         assert time.monotonic() - moved < 10 and engine.adapter_version == "1"
-        kind, version, pause = watcher.swaps[-1]
-        assert (kind, version) == ("rollback", "1") and pause < 0.05
+        kind, version, pause, domain = watcher.swaps[-1]
+        assert (kind, version, domain) == ("rollback", "1", None) and pause < 0.05
     finally:
         watcher.stop()
 
@@ -193,7 +197,7 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
             before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
             registry.promote(versions[name], by="test")
             wait_for(
-                lambda name=name, reason=reason: server.service.watcher.refused.get(versions[name]) == reason,
+                lambda name=name, reason=reason: server.service.watcher.refused.get((None, versions[name])) == reason,
                 10,
                 f"{name} refused",
             )
@@ -228,7 +232,7 @@ def test_greedy_output_equals_the_target_alone_when_swaps_land_mid_generation(ta
     assert seen == ["1", "2", "1", None], "each swap landed mid-generation"
     assert tokens == expected
     assert chunk.output.token_ids == expected and chunk.output.stats.adapter_version is None
-    assert [kind for kind, _, _ in watcher.swaps] == ["swap", "swap", "rollback", "rollback"]
+    assert [swap.kind for swap in watcher.swaps] == ["swap", "swap", "rollback", "rollback"]
 
 
 def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(
@@ -249,9 +253,52 @@ def test_champion_removed_unloads_and_every_swap_marks_the_dashboard(
         wait_for(lambda: len(marks) == 2, 10, "the unload")
         assert complete(server)["usage"]["spec_decode"]["adapter_version"] is None
         assert marks == [
-            ("swap", "1", "trainer:test", ["adapter_dir"]),
-            ("rollback", None, "mlflow-alias", ["adapter_dir"]),
+            ("swap", "1", "trainer:test", ["adapter_dir", "domain"]),
+            ("rollback", None, "mlflow-alias", ["adapter_dir", "domain"]),
         ]
+
+
+def test_each_domain_alias_is_followed_into_its_own_slot(target, adapters, registry, tmp_path):
+    engine = Engine(target, "early-exit:1", k=3, record_topk=8, eos_token_id=[], max_adapters=1)
+    expected = engine.generate(PROMPT, max_new_tokens=16, speculative=False).token_ids
+    swapped = []
+
+    def on_swap(kind, version, by, path, *, domain):
+        swapped.append((kind, version, by, domain))
+
+    # driven by hand, with no pub/sub: `by` comes from each domain's last event in the registry
+    watcher = AdapterWatcher(engine, registry, tmp_path / "cache", on_swap=on_swap)
+    reads = []
+    champions = registry.champions
+    registry.champions = lambda: reads.append(1) or champions()
+    registry.register(adapters["good1"], by="trainer:test")  # "1": champion
+    for name in ("good2", "good3", "bad_shape"):  # "2", "3", "4"
+        registry.register(adapters[name], promote=False)
+    registry.promote("2", by="cli:alice@host", domain="sql")
+    assert watcher.check() == "swapped" and len(reads) == 1
+    assert engine.adapters.versions() == {None: "1", "sql": "2"}
+    assert swapped == [("swap", "1", "trainer:test", None), ("swap", "2", "cli:alice@host", "sql")]
+    for domain, version in (("sql", "2"), (None, "1")):
+        out = engine.generate(PROMPT, max_new_tokens=16, k=3, domain=domain)
+        assert out.stats.adapter_version == version and out.token_ids == expected
+
+    registry.promote("3", by="cli:alice@host", domain="sql")
+    assert watcher.check() == "swapped" and engine.adapters.versions() == {None: "1", "sql": "3"}
+    registry.promote("4", by="cli:alice@host", domain="sql")  # made for another draft shape
+    assert watcher.check() == "refused" and watcher.refused == {("sql", "4"): "incompatible"}
+    assert engine.adapters.versions() == {None: "1", "sql": "3"} and watcher.check() == "refused"
+    registry.rollback(by="cli:alice@host", domain="sql")  # back to 3, which it still serves
+    assert watcher.check() == "unchanged" and watcher.refused == {}
+
+    registry.promote("2", by="cli:alice@host", domain="zzz")  # one slot for domains: sql's, first by name
+    assert watcher.check() == "unchanged" and engine.adapters.versions() == {None: "1", "sql": "3"}
+    registry.client.delete_registered_model_alias(registry.model_name, "champion-sql")
+    assert watcher.check() == "unloaded"
+    assert watcher.swaps[-2][:2] == ("rollback", None) and watcher.swaps[-2].domain == "sql"
+    assert engine.adapters.versions() == {None: "1", "zzz": "2"}  # the slot is free for the next domain
+    out = engine.generate(PROMPT, max_new_tokens=16, k=3, domain="sql")  # the general adapter again
+    assert out.stats.adapter_version == "1" and out.token_ids == expected
+    assert [swap.domain for swap in watcher.swaps] == [None, "sql", "sql", "sql", "zzz"] and len(reads) == 7
 
 
 def _register_by_hand(registry: AdapterRegistry, adapter_dir: Path) -> str:
