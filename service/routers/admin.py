@@ -5,6 +5,16 @@
     curl -s -H "$H" -X POST localhost:8000/admin/adapters/rollback                 # champion <- previous
     curl -s -H "$H" -X POST localhost:8000/admin/adapters/rollback -d '{"to": "2"}'
     curl -s -H "$H" -X POST localhost:8000/admin/adapters/promote -d '{"version": "3"}'
+    curl -s -H "$H" -X POST localhost:8000/admin/adapters/promote -d '{"version": "3", "domain": "sql"}'
+
+A body's optional `domain` acts on that domain's aliases (`champion-sql`, `previous-sql`) instead of
+the general adapter's; a name an alias cannot carry (letters, digits, '_' and inner '-', at most 64)
+is a 400. The list shows, besides `served_version` (the general adapter's, null for the base draft),
+what this server holds for each alias it follows and what it refused, keyed by that alias:
+
+    "served_version": "3",
+    "served_versions": {"champion": "3", "champion-sql": "5"},
+    "refused": {"champion-sql": {"version": "6", "reason": "incompatible"}},
 
 No token configured (ADAPTIVE_SPEC_ADMIN_TOKEN unset): every route answers 403. A missing or wrong
 token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (trainer/registry.py),
@@ -21,6 +31,7 @@ import re
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from adaptive_spec.contracts import champion_alias
 from service.deps import AdminToken, ServiceDep
 from service.errors import APIError
 
@@ -37,20 +48,36 @@ def _version_number(value: str | int | None) -> str | None:
     return str(value)
 
 
+def _domain_name(value: str | None) -> str | None:
+    """None (the general adapter) or a name an alias can carry: "sql" -> "sql"; "a b", "" or 65 chars: a 400."""
+    from trainer.registry_records import domain_aliases
+
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError('a domain is a string, e.g. "sql"')
+    domain_aliases(value)  # ValueError saying what is wrong
+    return value
+
+
 class RollbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str | int | None = None  # a version; None = the `previous` alias
+    domain: str | None = None  # None: the general adapter
     by: str | None = None
 
     _to = field_validator("to", mode="before")(_version_number)
+    _domain = field_validator("domain", mode="before")(_domain_name)
 
 
 class PromoteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: str | int
+    domain: str | None = None  # None: the general adapter
     by: str | None = None
 
     _version = field_validator("version", mode="before")(_version_number)
+    _domain = field_validator("domain", mode="before")(_domain_name)
 
 
 @router.get("/adapters")
@@ -62,8 +89,12 @@ def list_adapters(service: ServiceDep) -> dict:
         "object": "list",
         "model": registry.model_name,
         "served_version": service.engine.adapter_version,
+        "served_versions": _served_versions(service),
         "aliases": aliases,
-        "refused": dict(service.watcher.refused) if service.watcher else {},
+        "refused": {
+            champion_alias(domain): {"version": version, "reason": reason}
+            for (domain, version), reason in (service.watcher.refused if service.watcher else {}).items()
+        },
         "data": [version.as_dict() for version in versions],
     }
 
@@ -71,13 +102,13 @@ def list_adapters(service: ServiceDep) -> dict:
 @router.post("/adapters/rollback")
 def rollback(service: ServiceDep, request: Request, body: RollbackRequest | None = None) -> dict:
     body = body or RollbackRequest()
-    event = _call(_registry(service).rollback, to=body.to, by=_by(request, body.by))
+    event = _call(_registry(service).rollback, to=body.to, by=_by(request, body.by), domain=body.domain)
     return _after(service, event)
 
 
 @router.post("/adapters/promote")
 def promote(service: ServiceDep, request: Request, body: PromoteRequest) -> dict:
-    event = _call(_registry(service).promote, body.version, by=_by(request, body.by))
+    event = _call(_registry(service).promote, body.version, by=_by(request, body.by), domain=body.domain)
     return _after(service, event)
 
 
@@ -112,4 +143,15 @@ def _by(request: Request, who: str | None) -> str:
 def _after(service, event: dict) -> dict:
     if service.watcher is not None and event.get("changed", True):
         service.watcher.wake(event)
-    return {"event": event, "served_version": service.engine.adapter_version}
+    return {
+        "event": event,
+        "served_version": service.engine.adapter_version,
+        "served_versions": _served_versions(service),
+    }
+
+
+def _served_versions(service) -> dict[str, str]:
+    """What the engine's slots hold, keyed by the alias each follows: {"champion": "3", "champion-sql": "5"}
+    (an alias, not a bare domain, so a domain named "general" can never collide with the general adapter)."""
+    held = service.engine.adapters.versions()
+    return {champion_alias(domain): held[domain] for domain in sorted(held, key=lambda d: d or "")}

@@ -9,8 +9,10 @@ What must hold:
 - with the token: the list shows versions, aliases and the served version; a rollback or promote
   moves the aliases, is recorded with `by` = admin-api:<who>@<address>, and this server swaps at
   once (its poll is a minute long: the route wakes the watcher);
-- bad requests are 4xx: unknown version 404, nothing to roll back to 409, a bad body 400; no
-  registry configured 503.
+- bad requests are 4xx: unknown version 404, nothing to roll back to 409, a bad body 400 (a domain name
+  no alias can carry too); no registry configured 503;
+- a body's `domain` moves that domain's aliases only; the server loads the version into that domain's slot
+  and the list shows it in `served_versions` under the alias it follows.
 """
 
 from __future__ import annotations
@@ -149,12 +151,42 @@ def test_list_rollback_and_promote_with_the_token(server):
         ("/admin/adapters/rollback", {"to": [1]}, 400, None),
         ("/admin/adapters/promote", {"version": 10**30}, 400, None),  # was a 503: sqlite cannot hold it (fuzzer)
         ("/admin/adapters/rollback", {"to": "v2"}, 400, None),
+        ("/admin/adapters/promote", {"version": "1", "domain": "no way"}, 400, None),
+        ("/admin/adapters/promote", {"version": "1", "domain": 7}, 400, None),
+        ("/admin/adapters/rollback", {"domain": "a.b"}, 400, None),
+        ("/admin/adapters/rollback", {"domain": "x" * 65}, 400, None),
     ],
 )
 def test_bad_admin_requests_are_4xx(server, path, body, status, code):
     before = server.service.registry.aliases()
     assert_error(httpx.post(server.url + path, headers=auth(), json=body), status, code)
     assert server.service.registry.aliases() == before
+
+
+def test_a_domain_moves_its_own_aliases_and_slot(server):
+    registry, engine = server.service.registry, server.service.engine
+    general, before = engine.adapter_version, registry.aliases()
+    response = httpx.post(
+        server.url + "/admin/adapters/promote", headers=auth(), json={"version": "1", "domain": "sql"}
+    )
+    assert response.status_code == 200, response.text
+    assert (response.json()["event"]["domain"], response.json()["event"]["version"]) == ("sql", "1")
+    wait_for(lambda: engine.adapters.versions().get("sql") == "1", 5, "the sql slot (woken, not polled)")
+    body = httpx.get(server.url + "/admin/adapters", headers=auth()).json()
+    assert body["served_version"] == general and body["aliases"] == {**before, "champion-sql": "1"}
+    assert body["served_versions"] == {"champion": general, "champion-sql": "1"} and body["refused"] == {}
+
+    assert_error(
+        httpx.post(server.url + "/admin/adapters/rollback", headers=auth(), json={"domain": "sql"}), 409, "conflict"
+    )
+    httpx.post(server.url + "/admin/adapters/promote", headers=auth(), json={"version": "2", "domain": "sql"})
+    response = httpx.post(server.url + "/admin/adapters/rollback", headers=auth(), json={"domain": "sql"})
+    assert response.json()["event"]["version"] == "1" and registry.champions() == {None: general, "sql": "1"}
+    assert registry.aliases() == {**before, "champion-sql": "1"}  # the general adapter's aliases never moved
+    registry.client.delete_registered_model_alias(registry.model_name, "champion-sql")
+    server.service.watcher.wake()
+    wait_for(lambda: "sql" not in engine.adapters.versions(), 5, "the sql slot unloaded")
+    assert engine.adapter_version == general
 
 
 def test_no_registry_is_503(live_server, target, tmp_path):
