@@ -21,6 +21,11 @@ against. The check runs after the version is created (its artifacts uploaded: a 
 right before the alias moves, so a rollback made during the upload stands. What is left: an
 operator action landing between the check and the alias move (two MLflow calls) is overwritten.
 
+A domain's adapter (its metadata says `"domain": "sql"`, trainer/domains.py) moves that domain's
+aliases (`champion-sql`, `previous-sql`), and the check compares its parent with `champion-sql`, or
+with `champion` while the domain has no alias of its own (its requests draft with the general
+adapter, which is what its first version was trained from).
+
 Tests (MLflow server stopped and started, real Redis): `.venv/bin/python -m pytest
 tests/trainer/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
 """
@@ -34,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import NOT_PROMOTED_TAG
 from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 
@@ -104,9 +110,10 @@ class PendingRegistrations:
                 entry = queue[0]
                 try:
                     version = self.registry.register(Path(entry["path"]), by=self.by, promote=False)
-                    abandoned = self._abandoned(entry)  # after the upload, right before the alias moves
+                    domain = AdapterDir(entry["path"]).metadata().get("domain") or None  # register read it too
+                    abandoned = self._abandoned(entry, domain)  # after the upload, right before the alias moves
                     if abandoned is None:
-                        self.registry.promote(version, by=self.by)
+                        self.registry.promote(version, by=self.by, domain=domain)
                     else:
                         self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
                         log.warning(
@@ -128,11 +135,13 @@ class PendingRegistrations:
                         queue.pop(0)
                     self._write(queue)
 
-    def _abandoned(self, entry: dict) -> str | None:
-        """Why the entry must not move champion (an operator moved it off its parent), or None."""
+    def _abandoned(self, entry: dict, domain: str | None) -> str | None:
+        """Why the entry must not move its champion alias (an operator moved it off its parent), or None."""
         if "parent_sha256" not in entry:  # queued by hand, or by an on_promote that names no parent: nothing to check
             return None
-        served = self.registry.served()
+        served = self.registry.served(domain)
+        if served.version is None and domain is not None:  # its requests draft with the general adapter
+            served = self.registry.served()
         parent, own = entry["parent_sha256"], entry.get("sha256")
         if served.version is None:
             holds = parent is None

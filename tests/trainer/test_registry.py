@@ -314,6 +314,25 @@ def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, ada
     assert registry.aliases() == {"champion": "1"}
 
 
+def test_a_queued_domain_adapter_moves_its_domains_aliases(sqlite_dir, adapters, sql_adapter, tmp_path):
+    """The trainer's promotions of a domain's adapter go through the queue too (trainer/pending.py): they move
+    champion-sql, never champion; the first is checked against the general adapter it was trained from."""
+    registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir))
+    registry.register(adapters[0], by="trainer:test")  # champion 1
+    pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test")
+    general, first = (AdapterDir(path).metadata()[SHA_TAG] for path in (adapters[0], sql_adapter))
+    pending.submit(SimpleNamespace(path=sql_adapter, parent_sha256=general, sha256=first))
+    assert pending.registered == ["2"] and pending.not_promoted == []
+    assert registry.aliases() == {"champion": "1", "champion-sql": "2"}
+    assert registry.served("sql").by == "trainer:test"
+
+    second = write_adapter(tiny_target(0), 1, tmp_path / "v0005", seed=5, version=5, domain="sql")
+    registry.rollback(to="1", by="cli:alice@host", domain="sql")  # an operator moved sql off its parent
+    pending.submit(SimpleNamespace(path=second, parent_sha256=first, sha256=AdapterDir(second).metadata()[SHA_TAG]))
+    assert pending.registered == ["2", "3"] and pending.not_promoted == ["3"]
+    assert registry.champions() == {None: "1", "sql": "1"}
+
+
 def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     mlflow_server, adapters, redis_client, redis_url, tmp_path
 ):
