@@ -337,7 +337,8 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     mlflow_server, adapters, redis_client, redis_url, tmp_path
 ):
     """MLflow down while (a) PendingRegistrations gets two promotions in this process and (b) `adaptive-spec
-    train` runs as a process, gets records, trains and promotes; MLflow back: everything lands, in order.
+    train` runs as a process, gets records of the domain "narrow", trains and promotes; MLflow back: everything
+    lands, in order, the trainer's on champion-narrow.
     Then SIGTERM: the trainer checkpoints and exits 0. (Last in the file: it stops the module's server.)"""
     from adaptive_spec import Engine
     from adaptive_spec.record import record_from_output
@@ -430,7 +431,7 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     assert pending.stop() == 0
     try:
         _wait(
-            lambda: _champion(registry) is not None,
+            lambda: _champion(registry, "narrow") is not None,
             60,
             "the trainer's registration after MLflow returns",
             log=tmp_path / "train.log",
@@ -446,7 +447,9 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     promoted = sorted(p.name for p in (data_dir / "adapters").glob("v*"))
     versions = registry.versions()
     assert [v.tags["adapter_dir"] for v in versions] == promoted
-    assert versions[-1].aliases == ("champion",) and registry.champion() == versions[-1].version
+    # the records are tagged "narrow": the trainer's narrow lineage promoted them to champion-narrow
+    assert versions[-1].aliases == ("champion-narrow",) and registry.champion("narrow") == versions[-1].version
+    assert all(v.domain == "narrow" for v in versions) and registry.champion() is None
     assert all(v.tags["target_id"] == str(target_dir) for v in versions)
     assert versions[-1].tags["adaptive_spec.last_action_by"].startswith("trainer:")
 
@@ -456,9 +459,9 @@ class _Promoted:
         self.path = path
 
 
-def _champion(registry: AdapterRegistry) -> str | None:
+def _champion(registry: AdapterRegistry, domain: str | None = None) -> str | None:
     try:
-        return registry.champion()
+        return registry.champion(domain)
     except RegistryUnavailable:
         return None
 
