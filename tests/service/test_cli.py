@@ -67,6 +67,8 @@ BAD_ARGUMENTS = [
     (["bench-drift", "--scenario", "nosuchset:60"], "no shipped prompt set 'nosuchset'"),
     (["bench-drift", "--scenario", "mix:60"], "name at least one"),
     (["bench-drift", "--plot", "drift.png"], "--plot draws a --scenario run"),
+    (["adapters", "promote", "1", "--domain", "no way"], "argument --domain: a domain in an alias name"),
+    (["adapters", "list", "--domain", "x" * 65], "argument --domain: a domain name is at most 64"),
 ]
 
 
