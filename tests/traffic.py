@@ -33,7 +33,9 @@ def greedy_records(
     rng = np.random.default_rng(0)
     return [
         record_from_output(
-            engine.generate(rng.integers(first_token, first_token + domain_tokens, prompt_len).tolist(), max_new_tokens=new_tokens),
+            engine.generate(
+                rng.integers(first_token, first_token + domain_tokens, prompt_len).tolist(), max_new_tokens=new_tokens
+            ),
             request_id=f"{id_prefix}-{i}",
             created_at=1_700_000_000.0 + i,
             domain=domains[i % len(domains)],

@@ -94,6 +94,7 @@ class ScenarioSettings:
     window_s: float = 30.0
     seed: int = 0
     max_batch: int = 8
+    max_domains: int = 8  # the trainer's --max-domains; 0: one general adapter (the mix comparison)
     trainer_args: tuple[str, ...] = ("--min-new-records", "8")  # more `adaptive-spec train` flags
     cli: tuple[str, ...] = (sys.executable, "-m", "service.cli")
 
@@ -253,6 +254,7 @@ def summarize(settings: ScenarioSettings, phases: list[dict], replies: list[Repl
         "target": settings.target,
         "draft": settings.draft,
         "concurrency": settings.concurrency,
+        "max_domains": settings.max_domains,
         "max_new_tokens": settings.max_new_tokens,
         "scenario": ",".join(f"{p.name}:{p.seconds:g}" for p in settings.phases),
     }
@@ -294,7 +296,8 @@ def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, st
     log_path = data_dir / "trainer.log"
     command = [*settings.cli, "train", "--target", settings.target, "--draft", settings.draft, "--data-dir",
                str(data_dir), "--redis-url", env_extra[REDIS_URL_ENV], "--threads", "1", "--dtype", settings.dtype,
-               "--device", settings.device, *settings.trainer_args]  # fmt: skip
+               "--device", settings.device, "--max-domains", str(settings.max_domains),
+               *settings.trainer_args]  # fmt: skip
     log(f"starting the trainer (log: {log_path})")
     with open(log_path, "wb") as out:
         process = subprocess.Popen(command, env=child_env(env_extra), stdout=out, stderr=subprocess.STDOUT,

@@ -19,6 +19,7 @@ from service.cli.options import (
     k_list,
     load_engine,
     model_options,
+    non_negative_int,
     positive_int,
     prompt_file,
     raise_input,
@@ -85,6 +86,13 @@ def add_commands(commands) -> None:
     )
     drift.add_argument(
         "--window-s", type=float, default=30.0, help="live acceptance windows (--scenario; default: %(default)s)"
+    )
+    drift.add_argument(
+        "--max-domains",
+        type=non_negative_int,
+        default=8,
+        help="--scenario: the trainer's --max-domains, domains with an adapter of their own; 0 trains one general "
+        "adapter on all traffic, the comparison for per-domain adapters (default: %(default)s)",
     )
     drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     drift.add_argument("--plot", type=Path, metavar="FILE.png", help="draw live acceptance over time (--scenario)")
@@ -222,6 +230,7 @@ def _bench_scenario(args) -> int:
         max_new_tokens=args.max_new_tokens,
         eval_prompts=args.eval_prompts or 8,
         window_s=args.window_s,
+        max_domains=args.max_domains,
     )
     figures = run_scenario(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_report(figures))
