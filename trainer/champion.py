@@ -72,7 +72,7 @@ class RegistryChampion:
     def served(self) -> ServedChampion | None:
         if self.pending is not None and self.pending.pending():
             return None
-        return self.registry.served(domain=self.domain) if self.domain is not None else self.registry.served()
+        return self.registry.served(domain=self.domain)
 
     def download(self, version: str, destination: Path) -> Path:
         return self.registry.download(version, destination)
@@ -127,9 +127,10 @@ class Champion:
         """The LoRA weights its requests draft with (the general champion's for a domain without its own)."""
         return self.fallback.weights if self.version is None and self.fallback is not None else self._weights
 
-    def _key(self) -> tuple:
-        """Which weights: (version, the fallback's key while it stands in)."""
-        return (self.version, self.fallback._key() if self.version is None and self.fallback is not None else None)
+    def _key(self) -> int | None:
+        """Which weights: its version, else the fallback's while it stands in (version numbers are unique
+        across lineages: one VersionDirs); None: the base draft."""
+        return self.fallback._key() if self.version is None and self.fallback is not None else self.version
 
     def promoted(self, version: int, sha256: str, figures: GateFigures, revision: int) -> None:
         """The model's weights are the new champion `version`, scoring `figures` on held-out `revision`."""
@@ -142,7 +143,7 @@ class Champion:
         """The champion on the held-out snapshot, cached until the held-out set or the champion changes."""
         key = (revision, self._key())
         if self._figures is None or self._figures[0] != key:
-            if all(version is None for version in _flatten(self._key())):  # the base draft
+            if self._key() is None:  # the base draft
                 with adapters_disabled(self.trainer.model):
                     figures = agreement(self.trainer, heldout)
             else:  # between rounds the trained weights are the general champion's; a domain's go in first
@@ -320,8 +321,3 @@ def agreement(trainer: DraftTrainer, heldout: list[CorrectionRecord]) -> GateFig
 
 def _registry_name(version: str | None) -> str:
     return "the base draft" if version is None else version
-
-
-def _flatten(key: tuple) -> list:
-    """(4, None) -> [4, None]; (None, (None, None)) -> [None, None, None]."""
-    return [v for item in key for v in (_flatten(item) if isinstance(item, tuple) else [item])]
