@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
+from fleet_env import FLEET_ADAPTER_POLL_S, FLEET_SERVE_ENV, FLEET_TRAIN_ENV, HEALTH_PATH
 
 from service.cli import build_parser
 from service.settings import _ENV_NAMES, Settings
@@ -109,6 +110,35 @@ def test_every_command_is_a_real_cli_line_with_known_environment(where, command,
     Settings.from_env(values)  # every value parses and passes the settings' checks
 
 
+def test_the_files_describe_the_fleet_the_fleet_test_runs():
+    """N serve replicas, one trainer, Redis, an MLflow server; each process with the environment and
+    health path tests/reliability/test_fleet.py gives it (tests/fleet_env.py)."""
+    for where, command, env in adaptive_spec_containers():
+        needed = FLEET_SERVE_ENV if command[1] == "serve" else FLEET_TRAIN_ENV
+        assert set(needed) <= set(env), f"{where}: lacks {set(needed) - set(env)}"
+        if command[1] == "serve":
+            assert env["ADAPTIVE_SPEC_ADAPTER_POLL_S"] == FLEET_ADAPTER_POLL_S, where
+        else:
+            assert parse(command).consumer, where  # one named consumer of the stream's group
+
+    services = compose()["services"]
+    replicas = services["adaptive-spec"]["deploy"]["replicas"]
+    low, high = services["adaptive-spec"]["ports"][0].split(":")[0].split("-")
+    assert replicas >= 2 and int(high) - int(low) + 1 == replicas  # a host port per replica
+    assert services["trainer"].get("deploy", {}).get("replicas", 1) == 1
+    assert HEALTH_PATH in " ".join(services["adaptive-spec"]["healthcheck"]["test"])
+    assert services["mlflow"]["command"][:2] == ["mlflow", "server"] and "redis" in services
+
+    deployments = {doc["metadata"]["name"]: doc for doc in k8s_docs() if doc["kind"] == "Deployment"}
+    assert deployments["app"]["spec"]["replicas"] >= 2 and deployments["adaptive-spec-trainer"]["spec"]["replicas"] == 1
+    sidecar = next(
+        c for c in deployments["app"]["spec"]["template"]["spec"]["containers"] if c["name"] == "adaptive-spec"
+    )
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == sidecar["livenessProbe"]["httpGet"]["path"] == HEALTH_PATH
+    mlflow = deployments["mlflow"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert mlflow[:2] == ["mlflow", "server"] and deployments["redis"]["spec"]["replicas"] == 1
+
+
 @pytest.mark.parametrize("command", runbook_commands(), ids=shlex.join)
 def test_runbook_commands_parse(command):
     parse(command)
@@ -142,10 +172,11 @@ def test_ports_and_addresses_agree():
 
     services = compose()["services"]
     serve = parse(services["adaptive-spec"]["command"])
-    assert f"{serve.port}:{serve.port}" in services["adaptive-spec"]["ports"]
+    assert services["adaptive-spec"]["ports"][0].startswith(f"{serve.port}-")  # host ports from the server's
+    assert services["adaptive-spec"]["ports"][0].endswith(f":{serve.port}")  # onwards, to each replica's
     scrape = yaml.safe_load((OPS / "prometheus" / "prometheus.yml").read_text())
-    targets = [t for job in scrape["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
-    assert targets == [f"adaptive-spec:{serve.port}"]
+    found = [sd for job in scrape["scrape_configs"] for sd in job.get("dns_sd_configs", [])]
+    assert found == [{"names": ["adaptive-spec"], "type": "A", "port": serve.port}]  # every replica
     mounted = services["prometheus"]["volumes"][0].split(":")[0]
     assert (COMPOSE.parent / mounted / "prometheus.yml").is_file()
     for config in ("prometheus.yml", "prometheus-k8s.yml"):

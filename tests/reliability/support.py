@@ -29,6 +29,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "adaptive_spec"))  # tiny.py (--import-mode=importlib adds no test dir)
 sys.path.insert(0, str(TESTS / "service"))  # tiny_chat.py
 sys.path.insert(0, str(TESTS))  # registry_support.py, importable by the tests here
+from fleet_env import HEALTH_PATH  # noqa: E402
 from polling import wait_for as eventually  # noqa: E402, F401  (re-exported for the tests here)
 from tiny import tiny_target  # noqa: E402, F401  (re-exported for the tests here)
 
@@ -98,10 +99,17 @@ class ServeProcess(ChildProcess):
     """`python -m service.cli serve` on a tiny model directory and a free loopback port."""
 
     def __init__(
-        self, workdir: Path, model_dir: Path, env: dict[str, str], args: list[str], verbose: bool = False
+        self,
+        workdir: Path,
+        model_dir: Path,
+        env: dict[str, str],
+        args: list[str],
+        verbose: bool = False,
+        port: int | None = None,
     ) -> None:
-        """verbose: `adaptive-spec -v serve`, which logs at INFO (the settings, swaps, the writer's state)."""
-        self.port = free_port()
+        """verbose: `adaptive-spec -v serve`, which logs at INFO (the settings, swaps, the writer's state);
+        port: a given one (a replica restarted where its load balancer expects it), else a free one."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
             sys.executable,
@@ -142,7 +150,7 @@ class ServeProcess(ChildProcess):
 
     def ready(self) -> bool:
         try:
-            return httpx.get(self.url + "/health", timeout=1).status_code == 200
+            return httpx.get(self.url + HEALTH_PATH, timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
