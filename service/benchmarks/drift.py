@@ -18,6 +18,12 @@ The run, within `--budget-minutes` in all:
 4. After: the same measurement as 2, with the last promoted adapter; then, for each `--after-k`,
    the same again at that fixed k (`after_fixed_k` in the figures), so one run shows what the
    adapter gives at every depth.
+5. Draft cost: one draft forward with that adapter as a fraction of a one-token target forward
+   (`draft_step_fraction`), timed side by side on a few held-out prompts (draft_cost.py).
+
+While the traffic runs, the acceptance of what it drafted is kept in windows of `window_s` seconds
+since training started (`live`, with the promotions in `promoted_s`): the learning curve that
+`--compare-drafts` plots per draft (compare.py).
 
 Traffic and training share the machine: each gets one torch thread during phase 3; the two
 measurements use all threads, with the trainer stopped, so before and after are comparable.
@@ -45,6 +51,7 @@ from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_E
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
+from service.benchmarks.draft_cost import COST_K, measure_draft_cost
 from service.correction_log import CorrectionLogWriter
 from trainer.decision import StatisticalGate, Thresholds
 from trainer.drafts import TARGET_DRAFTS, trainable_draft
@@ -67,6 +74,8 @@ class DriftSettings:
     holdout_fraction: float = 0.2  # of traffic records, kept for the trainer's gate
     gate_min_positions: int = 128
     after_k: tuple[int, ...] = ()  # extra after-measurements at these fixed k
+    cost_prompts: int = 4  # held-out prompts the draft cost is timed on, after training
+    window_s: float = 30.0  # live acceptance windows of the traffic
 
 
 def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
@@ -88,7 +97,10 @@ def run_drift(
     redis_url: str,
     workdir: Path,
     progress: bool = True,
+    stream_name: str | None = None,
 ) -> dict:
+    """`stream_name`: the correction stream to use; by default the standard one on a private Redis, a fresh
+    one (deleted at the end) when REDIS_URL names a shared server."""
     started = time.monotonic()
     deadline = started + settings.budget_minutes * 60
     draft = _draft_to_train(engine)
@@ -98,10 +110,12 @@ def run_drift(
         engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="before"
     )
     eval_s = time.monotonic() - started
-    # Leave room for the second measurement (it may run slower with a larger k) and the write-up.
-    traffic_deadline = deadline - 1.3 * eval_s * (1 + len(settings.after_k)) - 15
+    # Leave room for the second measurement (it may run slower with a larger k), the draft cost's
+    # pass (two generations per prompt, as the measurement) and the write-up.
+    cost_share = min(settings.cost_prompts, len(held_out)) / len(held_out)
+    traffic_deadline = deadline - 1.3 * eval_s * (1 + len(settings.after_k) + cost_share) - 15
 
-    stream_name = (
+    stream_name = stream_name or (
         CORRECTION_STREAM
         if os.environ.get(REDIS_URL_ENV) is None
         else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
@@ -111,9 +125,12 @@ def run_drift(
     stream = CorrectionStream(client, stream=stream_name, consumer="bench-drift-trainer")
     stream.ensure_group()
     swaps: list[float] = []
+    promoted_s: list[float] = []  # when each promoted adapter was served, in seconds since training started
+    served_requests: list[tuple[float, int, int]] = []  # (seconds since training started, drafted, accepted)
 
     def promote(version) -> None:
         swaps.append(engine.load_adapter(version.path, str(version.version)))
+        promoted_s.append(time.monotonic() - training_started)
 
     # A benchmark sees minutes of traffic, not hours: a larger held-out share than a server's trainer
     # keeps, so the statistical gate has its first records sooner; the gate itself is the trainer's.
@@ -129,6 +146,7 @@ def run_drift(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     worker = threading.Thread(target=_train, args=(trainer, stop, deadline), name="trainer", daemon=True)
+    training_started = time.monotonic()
     worker.start()
     served = 0
     engine.record_topk = 16
@@ -149,6 +167,7 @@ def run_drift(
                 temperature=0.0,
             )
             served += 1
+            served_requests.append((time.monotonic() - training_started, out.stats.drafted, out.stats.accepted))
             bar.set_postfix(
                 adapter=engine.adapter_version or "base",
                 promoted=trainer.adapters_promoted,
@@ -172,6 +191,8 @@ def run_drift(
         k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress, desc=f"after, k={k}")
         for k in settings.after_k
     }
+    cost_prompts = [item.prompt for item in held_out[: settings.cost_prompts]]
+    cost = measure_draft_cost(engine, cost_prompts, settings.max_new_tokens, settings.k or COST_K)
     return {
         "domain": domain,
         "before": {key: before[key] for key in PHASE_KEYS} | _extras(before),
@@ -193,7 +214,34 @@ def run_drift(
         "draft": engine.draft_id,
         "k": settings.k if settings.k is not None else "dynamic",
         "max_new_tokens": settings.max_new_tokens,
+        **cost,
+        "live": live_windows(served_requests, settings.window_s),
+        "window_s": settings.window_s,
+        "promoted_s": promoted_s,
     }
+
+
+def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[dict]:
+    """Traffic requests, (finished at t seconds, drafted, accepted), pooled into windows of `window_s`:
+    each window's acceptance is accepted / drafted over its requests (None when it drafted nothing),
+    placed at the window's end. Requests at 3, 20 and 40 s with 30 s windows: two windows, at 30
+    and 60 s."""
+    windows: dict[int, list[int]] = {}
+    for t, drafted, accepted in served:
+        window = windows.setdefault(int(t // window_s), [0, 0, 0])
+        window[0] += 1
+        window[1] += drafted
+        window[2] += accepted
+    return [
+        {
+            "t_s": (index + 1) * window_s,
+            "requests": requests,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+        }
+        for index, (requests, drafted, accepted) in sorted(windows.items())
+    ]
 
 
 def _extras(figures: dict) -> dict:
@@ -233,6 +281,9 @@ def format_report(figures: dict) -> str:
             f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
             f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
             f"  identical to target    {b['identical']}     {a['identical']}",
+            f"  draft step / target step {f(figures['draft_step_fraction'])} after training "
+            f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms, "
+            f"timed side by side at k={figures['cost_k']})",
             *(
                 f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
                 f"{f(x['mean_acceptance_length'], '.2f')}, speedup {f(x['speedup_vs_target'], '.2f')}x, "

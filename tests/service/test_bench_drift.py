@@ -37,4 +37,5 @@ def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatc
     for key in ("domain", "records_consumed", "tokens_consumed", "train_s", "adapters_promoted", "budget_minutes"):
         assert key in figures
     assert "after at fixed k=2" in format_report(figures)
+    assert figures["draft_step_fraction"] > 0 and figures["draft_forwards_timed"] > 0  # timed, after training
     assert figures["records_consumed"] > 0  # the trainer read the traffic for this draft
