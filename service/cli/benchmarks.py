@@ -4,6 +4,7 @@
 The code is in service/benchmarks/.
 
     adaptive-spec bench-drift --domain sql --budget-minutes 30 --json drift.json
+    adaptive-spec bench-drift --domain python --compare-drafts head,early-exit:4 --json compare.json --plot compare.png
     adaptive-spec bench-swap --rank 16 --swaps 50
     adaptive-spec bench-load --url http://127.0.0.1:8000 --users 8 --duration-s 30
     adaptive-spec bench-serve --concurrency 1,2,4,8 --json serve.json --plot serve.png
@@ -11,6 +12,7 @@ The code is in service/benchmarks/.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -85,7 +87,10 @@ def add_commands(commands) -> None:
         "--concurrency", type=positive_int, default=1, help="users sending traffic (--scenario; default: %(default)s)"
     )
     drift.add_argument(
-        "--window-s", type=float, default=30.0, help="live acceptance windows (--scenario; default: %(default)s)"
+        "--window-s",
+        type=float,
+        default=30.0,
+        help="live acceptance windows (--scenario, and --compare-drafts' plot; default: %(default)s)",
     )
     drift.add_argument(
         "--max-domains",
@@ -95,8 +100,20 @@ def add_commands(commands) -> None:
         "adapter on all traffic, the comparison for per-domain adapters (default: %(default)s)",
     )
     drift.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
-    drift.add_argument("--plot", type=Path, metavar="FILE.png", help="draw live acceptance over time (--scenario)")
-    model_options(drift)
+    drift.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw live acceptance over time (--scenario; --compare-drafts: each draft's on one axis)",
+    )
+    model_options(drift).add_argument(
+        "--compare-drafts",
+        type=_draft_list,
+        metavar="SPEC,SPEC",
+        help="run the whole measurement once per draft, e.g. head,early-exit:4: the same held-out prompts and "
+        "traffic, --budget-minutes each, one after the other; prints them side by side, with each draft's "
+        "step as a fraction of a target step (instead of --draft)",
+    )
     drift.set_defaults(func=cmd_bench_drift)
 
     swap = commands.add_parser(
@@ -175,27 +192,33 @@ def add_commands(commands) -> None:
     serve.set_defaults(func=cmd_bench_serve)
 
 
+def _draft_list(text: str) -> tuple[str, ...]:
+    from adaptive_spec.drafters.spec import DraftSpecError
+    from service.benchmarks.compare import parse_draft_list
+
+    try:
+        return parse_draft_list(text)
+    except DraftSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_bench_drift(args) -> int:
     from adaptive_spec.models import data_dir
-    from adaptive_spec.prompts import load_prompts, shipped
-    from service.benchmarks.drift import DriftSettings, format_report, run_drift, temporary_workdir
+    from service.benchmarks.drift import format_report, run_drift, temporary_workdir
 
     if args.scenario:
+        if args.compare_drafts:
+            raise_input("--compare-drafts does not apply to --scenario")
         return _bench_scenario(args)
-    if args.plot:
-        raise_input("--plot draws a --scenario run")
+    if args.plot and not args.compare_drafts:
+        raise_input("--plot draws a --scenario run or a --compare-drafts run")
+    if args.window_s <= 0:
+        raise_input("--window-s must be positive")
     if args.budget_minutes <= 0:
         raise_input("--budget-minutes must be positive")
-    items = load_prompts(args.prompts or shipped(args.domain))
-    domain = args.prompts.stem if args.prompts else args.domain
-    settings = DriftSettings(
-        budget_minutes=args.budget_minutes,
-        eval_prompts=args.eval_prompts or 24,
-        max_new_tokens=args.max_new_tokens,
-        k=args.k,
-        train_tail_s=args.train_tail_s,
-        after_k=args.after_k,
-    )
+    if args.compare_drafts:
+        return _bench_compare(args)
+    items, domain, settings = _drift_inputs(args)
     engine = load_engine(args)
     workdir = temporary_workdir(data_dir())
     with redis_url(workdir) as url:
@@ -206,6 +229,58 @@ def cmd_bench_drift(args) -> int:
     print(format_report(figures))
     write_json(args.json, figures)
     return 0 if figures["before"]["identical"] and figures["after"]["identical"] else 1
+
+
+def _drift_inputs(args):
+    """(prompts, domain name, DriftSettings) of a bench-drift run, single or --compare-drafts."""
+    from adaptive_spec.prompts import load_prompts, shipped
+    from service.benchmarks.drift import DriftSettings
+
+    items = load_prompts(args.prompts or shipped(args.domain))
+    domain = args.prompts.stem if args.prompts else args.domain
+    settings = DriftSettings(
+        budget_minutes=args.budget_minutes,
+        eval_prompts=args.eval_prompts or 24,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        train_tail_s=args.train_tail_s,
+        after_k=args.after_k,
+        window_s=args.window_s,
+    )
+    return items, domain, settings
+
+
+def _bench_compare(args) -> int:
+    from adaptive_spec.models import data_dir
+    from service.benchmarks.compare import format_report, plot, run_compare
+    from service.benchmarks.drift import temporary_workdir
+
+    items, domain, settings = _drift_inputs(args)
+
+    def engine_for(spec: str):
+        return load_engine(argparse.Namespace(**{**vars(args), "draft": spec}))
+
+    workdir = temporary_workdir(data_dir())
+    with redis_url(workdir) as url:
+        try:
+            result = run_compare(
+                engine_for,
+                args.compare_drafts,
+                items,
+                domain,
+                settings,
+                url,
+                workdir,
+                log=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+        finally:
+            print(f"adapters and logs kept in {workdir}", file=sys.stderr)
+    print(format_report(result))
+    write_json(args.json, result)
+    if args.plot:
+        plot(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0 if result["identical"] else 1
 
 
 def _bench_scenario(args) -> int:

@@ -65,8 +65,10 @@ def prompt_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"no file {text!r}, and {exc}") from None
 
 
-def model_options(parser: argparse.ArgumentParser) -> None:
-    """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift)."""
+def model_options(parser: argparse.ArgumentParser):
+    """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift).
+    Returns the mutually exclusive group --draft is in, for a command's alternative to it
+    (bench-drift --compare-drafts)."""
     group = parser.add_argument_group("models")
     group.add_argument(
         "--target",
@@ -74,7 +76,8 @@ def model_options(parser: argparse.ArgumentParser) -> None:
         help=f"target model: the built-in {DEFAULT_MODEL!r}, a Hugging Face id or local directory, "
         f"or a .gguf file (default: %(default)s)",
     )
-    group.add_argument(
+    drafts = group.add_mutually_exclusive_group()
+    drafts.add_argument(
         "--draft",
         default=DEFAULT_DRAFT,
         help="draft: early-exit:N (the target's first N layers), head (one layer reading the target's "
@@ -96,6 +99,7 @@ def model_options(parser: argparse.ArgumentParser) -> None:
         help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)",
     )
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    return drafts
 
 
 def adapter_option(parser: argparse.ArgumentParser) -> None:
