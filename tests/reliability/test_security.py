@@ -106,7 +106,8 @@ def test_admin_refuses_without_the_token_and_nothing_moves(locked_down):
         for method, path in (("GET", ""), ("POST", "/rollback"), ("POST", "/promote")):
             response = httpx.request(method, url + path, headers=headers, json={"version": "1"})
             assert response.status_code == 401, (headers, method, path, response.text)
-    assert httpx.get(url, headers=bearer(ADMIN_TOKEN)).json()["aliases"] == {}
+    # the first authorised call opens the MLflow store (imports, sqlite schema): seconds on a busy machine
+    assert httpx.get(url, headers=bearer(ADMIN_TOKEN), timeout=60).json()["aliases"] == {}
     assert httpx.post(server.url + "/v1/completions", json=BODY, headers=bearer(ADMIN_TOKEN)).status_code == 401
     assert httpx.post(server.url + "/v1/completions", json=BODY, headers=bearer(API_KEY)).status_code == 200
 
