@@ -137,7 +137,7 @@ def format_report(result: dict) -> str:
             row("speedup vs target", change("speedup_vs_target", ".2f", "x")),
             row("draft step / target step", lambda d: _fmt(d["draft_step_fraction"])),
             row(
-                "  (draft / target ms)",
+                "  (medians, ms)",
                 lambda d: f"{_fmt(d['draft_step_ms'], '.2f')} / {_fmt(d['target_step_ms'], '.2f')}",
             ),
             row("identical to target", lambda d: f"{d['before']['identical']} / {d['after']['identical']}"),

@@ -282,7 +282,7 @@ def format_report(figures: dict) -> str:
             f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
             f"  identical to target    {b['identical']}     {a['identical']}",
             f"  draft step / target step {f(figures['draft_step_fraction'])} after training "
-            f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms, "
+            f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms medians, "
             f"timed side by side at k={figures['cost_k']})",
             *(
                 f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
