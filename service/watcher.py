@@ -12,6 +12,10 @@ that records each swap on the dashboard.
 
 Tests (tiny engine, real MLflow and Redis, about 40 s): `.venv/bin/python -m pytest tests/service/test_watcher.py -q`.
 
+`start_watcher` returns once the first check is done (or after 30 s, `FIRST_CHECK_S`, if the registry
+does not answer), and `Service.start` calls it before the server reports ready: a replica started
+or restarted into a fleet serves the champions from its first request.
+
 Two signals wake it (DESIGN.md "Swap"):
 
 - an event on the Redis pub/sub channel `adaptive_spec:adapters` (sent by the registry on every
@@ -81,6 +85,7 @@ from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
 log = logging.getLogger(__name__)
 
 RECENT_ACTION_S = 120.0  # a registry event this fresh names the change the watcher sees
+FIRST_CHECK_S = 30.0  # how long a starting server waits for its champions before it serves without them
 
 
 class Swap(NamedTuple):
@@ -118,6 +123,7 @@ class AdapterWatcher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._unavailable = False
+        self.first_check = threading.Event()  # set once the first check has returned, whatever its outcome
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -316,6 +322,7 @@ class AdapterWatcher:
                 self.check()
             except Exception:  # keep watching whatever one check did
                 log.exception("adapter check failed")
+            self.first_check.set()
             self._wake.wait(self.poll_s)
             self._wake.clear()
 
@@ -332,17 +339,27 @@ def open_registry(settings) -> AdapterRegistry | None:
 
 
 def start_watcher(
-    engine, registry: AdapterRegistry | None, settings, *, metrics=None, on_swap=None
+    engine,
+    registry: AdapterRegistry | None,
+    settings,
+    *,
+    metrics=None,
+    on_swap=None,
+    first_check_s: float = FIRST_CHECK_S,
 ) -> AdapterWatcher | None:
     """A started watcher that keeps `engine` on the registry's champions; None when there is nothing to
     watch: no registry, a draft that takes no adapters, or `adapter_poll_s` = 0 (the admin API still
-    reaches the registry)."""
+    reaches the registry).
+
+    It returns once the first check is done (the champions loaded), or after `first_check_s`: a server
+    becomes ready on the fleet's champions, not on the base draft for its first seconds, and a
+    registry that does not answer delays its start by that much at most (the check goes on behind)."""
     if registry is None or settings.adapter_poll_s <= 0:
         return None
     if not hasattr(engine.drafter, "build_weights"):
         log.warning("draft %s takes no adapters: not watching the registry", engine.draft_id)
         return None
-    return AdapterWatcher(
+    watcher = AdapterWatcher(
         engine,
         registry,
         Path(settings.data_dir) / ADAPTER_CACHE_DIR,
@@ -351,6 +368,13 @@ def start_watcher(
         metrics=metrics,
         on_swap=on_swap,
     ).start()
+    if not watcher.first_check.wait(first_check_s):
+        log.warning(
+            "the adapter registry did not answer in %.0f s: serving %s until it does",
+            first_check_s,
+            engine.adapter_version or "the base draft",
+        )
+    return watcher
 
 
 def _label(domain: str | None) -> str:

@@ -42,7 +42,8 @@ from tiny import tiny_target
 from adaptive_spec import Engine
 from adaptive_spec.adapters import WEIGHTS_FILE
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
-from service.watcher import AdapterWatcher
+from service.settings import Settings
+from service.watcher import AdapterWatcher, start_watcher
 from trainer.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
@@ -149,6 +150,21 @@ def test_a_promotion_is_followed_by_a_swap_in_a_running_server(
         assert metric(server, "adaptive_spec:adapter_version") == 3
         assert 0 < metric(server, "adaptive_spec:adapter_swap_pause_seconds") < 0.05
         assert metric(server, "adaptive_spec:adapter_refusals_total") == 0
+
+
+def test_a_server_starting_while_a_champion_exists_is_ready_on_it(target, adapters, registry, tmp_path):
+    """A replica started (or restarted) into a fleet serves the champion from its first request, not
+    the base draft until its first poll: start_watcher (Service.start, before the server is ready)
+    returns once the first check has loaded the champions."""
+    registry.register(adapters["good1"], by="trainer:test")
+    registry.register(adapters["good2"], by="trainer:test")
+    engine = engine_for(target)
+    settings = Settings(data_dir=tmp_path, adapter_poll_s=60.0)
+    watcher = start_watcher(engine, registry, settings)
+    try:
+        assert engine.adapter_version == "2" and [swap[:2] for swap in watcher.swaps] == [("swap", "2")]
+    finally:
+        watcher.stop()
 
 
 def test_an_alias_moved_by_hand_in_mlflow_is_followed_within_10_s(mlflow_server, target, adapters, tmp_path):
