@@ -316,6 +316,20 @@ def test_without_checkpoint_dir_entries_are_acknowledged_once_buffered(target, r
         trainer.checkpoint()
 
 
+def test_between_rounds_the_loop_drains_a_backlog_not_one_read(target, records, redis_client, tmp_path):
+    """A fleet writes faster than one read per round: run() takes the whole backlog before it trains
+    (`drain`), and stops at a read that is not full."""
+    stream = "test:online:backlog"
+    append(redis_client, stream, records[:100])
+    trainer = make_trainer(target, redis_client, stream, "drainer", tmp_path, min_new_records=NEVER)
+    assert trainer.poll(block_ms=0) == 32  # one read: read_count
+    assert trainer.drain() == 68 and kept(trainer) == 100
+    assert trainer.drain() == 0
+    append(redis_client, stream, records[100:110])
+    counters = trainer.run(threading.Event(), budget_s=0.3, checkpoint_every_s=60, poll_block_ms=50)
+    assert counters["records_consumed"] == 110 and trainer.stream.pending_count() == 0
+
+
 # ---------------------------------------------------------------- faults: kill and restart
 
 
