@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptive_spec import Engine
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord, record_from_output
 
 
@@ -45,3 +46,11 @@ def greedy_records(
         )
         for i in range(count)
     ]
+
+
+def feed(client, records: list[CorrectionRecord], stream: str = CORRECTION_STREAM) -> None:
+    """Append records to the correction stream as the servers' writers do (one pipeline)."""
+    pipe = client.pipeline()
+    for record in records:
+        pipe.xadd(stream, {PAYLOAD_FIELD: record.encode()})
+    pipe.execute()

@@ -68,7 +68,7 @@ from support import (
     eventually,
     tiny_target,
 )
-from traffic import greedy_records
+from traffic import feed, greedy_records
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -503,13 +503,6 @@ TWO_TRAINER_ARGS = [
     "--checkpoint-every-s",
     "1",
 ]
-
-
-def feed(client: redis.Redis, records: list[CorrectionRecord]) -> None:
-    pipe = client.pipeline()
-    for record in records:
-        pipe.xadd(CORRECTION_STREAM, {PAYLOAD_FIELD: record.encode()})
-    pipe.execute()
 
 
 def adapter_shas(data_dir: Path) -> set[str]:

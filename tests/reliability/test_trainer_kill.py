@@ -25,6 +25,7 @@ from trainer.checkpoint import LATEST, read_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import TrainProcess, eventually
+from traffic import feed
 
 pytestmark = pytest.mark.redis
 
@@ -41,13 +42,6 @@ ARGS = [
     "--checkpoint-every-s",
     "1",
 ]
-
-
-def feed(client: redis.Redis, records: list[CorrectionRecord]) -> None:
-    pipe = client.pipeline()
-    for record in records:
-        pipe.xadd(CORRECTION_STREAM, {PAYLOAD_FIELD: record.encode()})
-    pipe.execute()
 
 
 def acknowledged(client: redis.Redis) -> set[str]:
