@@ -505,6 +505,14 @@ TWO_TRAINER_ARGS = [
 ]
 
 
+def arrive(client: redis.Redis, records: list[CorrectionRecord], per_second: int = 32) -> None:
+    """Records as traffic brings them, `per_second` at a time: a trainer trains a round per batch of
+    new records, and the gate gets more held-out records at every round."""
+    for start in range(0, len(records), per_second):
+        feed(client, records[start : start + per_second])
+        time.sleep(1.0)
+
+
 def adapter_shas(data_dir: Path) -> set[str]:
     """The sha256 of every adapter version a trainer wrote in its data directory."""
     return {
@@ -541,7 +549,7 @@ def test_two_trainers_on_one_stream_promote_once(redis_server, tiny_model_dir, t
         assert f"leader: {holder} holds the lease {TRAINER_LEADER_KEY}" in leader.log()
         assert f"held by {holder}" in standby.log()
 
-        feed(client, records)
+        arrive(client, records)
         eventually(lambda: registry.champions(), 120, "the leader to promote")  # champion-json: a domain's
         time.sleep(3.0)  # more rounds; the standby must stay idle through them
         promoted_by_leader = len(re.findall(r": promoted v\d{4}", leader.log()))
@@ -553,9 +561,9 @@ def test_two_trainers_on_one_stream_promote_once(redis_server, tiny_model_dir, t
         leader.process.kill()
         assert leader.wait(10) == -signal.SIGKILL
         killed_at = time.monotonic()
-        feed(client, new_domain)  # traffic the leader's versions never saw: a gain the gate is sure of
         eventually(lambda: "leader: " in standby.log(), 30, "the standby to take over")
         takeover_s = time.monotonic() - killed_at
+        arrive(client, new_domain)  # traffic the leader's versions never saw: a gain the gate is sure of
         eventually(lambda: len(registry.versions()) > len(before_kill), 120, "the new leader to promote")
         length = client.xlen(CORRECTION_STREAM)
         eventually(
