@@ -8,11 +8,13 @@
 A request tagged with a domain drafts with that domain's adapter when the server holds one, and
 with the general adapter otherwise; rows of different domains share a batch (the drafter runs
 one draft forward per adapter present in the step). A slot is what a drafter decodes with: the
-merged weights (an early exit's layers, or a head) and the LM-head view restricted to the
-adapter's tokens. At most `max_domains` domain adapters are held; putting one more evicts the
-one used least recently (the general adapter is never evicted). Each slot of the default
-`early-exit:4` draft costs its 4 merged layers (56 MB in fp32) plus its restricted head rows
-(about 3 MB for 1,300 tokens).
+merged weights (an early exit's layers, or a head), the LM-head view restricted to the adapter's
+tokens, and the n-gram index of the domain's recent outputs that its version ships, which `ngram+`
+drafts copy from (draft_ngrams.json, drafters/free_first.py). At most `max_domains` domain
+adapters are held; putting one more evicts the one used least recently (the general adapter is
+never evicted). Each slot of the default `early-exit:4` draft costs its 4 merged layers (56 MB in
+fp32) plus its restricted head rows (about 3 MB for 1,300 tokens) and its index (4,096 n-grams at
+most, a few MB).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class AdapterSlot:
     vocab: object  # the drafter's DraftVocab for this adapter (restricted to its tokens, or not)
     gated_alpha: float | None  # the acceptance the trainer's gate measured, where dynamic k starts
     nbytes: int = 0
-    ngrams: dict | None = None  # n-gram -> continuation, from the domain's recent outputs (free_first.py)
+    ngrams: dict | None = None  # n-gram -> continuation, from the domain's recent outputs (draft_ngrams.json)
     last_used: float = field(default_factory=time.monotonic)
 
 

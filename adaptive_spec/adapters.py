@@ -10,9 +10,13 @@ slot, swapped between steps.
 An adapter version is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`)
 plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256` (sha256sum format), and optionally
 `draft_vocab.json`: the tokens recent traffic used, to which the draft's LM head is restricted
-while this adapter is served (see `ModelDrafter.restrict_vocab`). The file names are contracts
-(adaptive_spec/contracts.py): the trainer writes these directories, MLflow stores them as a
-run's artifacts, and servers download and load them. Every check of such a directory is here, so
+while this adapter is served (see `ModelDrafter.restrict_vocab`), and `draft_ngrams.json`: the
+n-gram index of the lineage's recent outputs that free drafts copy from (drafters/ngram_index.py,
+`AdapterSlot.ngrams`). The index is checked like the weights: `seal` lists it in checksum.sha256
+and the metadata's `ngrams_sha256`, and `verify` refuses an index that does not hash to them, one
+they list that is gone, and one a sealed directory holds without listing it. The file names are
+contracts (adaptive_spec/contracts.py): the trainer writes these directories, MLflow stores them as
+a run's artifacts, and servers download and load them. Every check of such a directory is here, so
 a trainer adopting a version and a server swapping to it refuse the same files for the same reasons.
 
 Loading never touches the layers being served:
@@ -47,6 +51,8 @@ from adaptive_spec.contracts import (
     CHECKSUM_FILE,
     CONFIG_FILE,
     METADATA_FILE,
+    NGRAMS_FILE,
+    NGRAMS_SHA_KEY,
     SHA_TAG,
     VOCAB_FILE,
     WEIGHTS_FILE,
@@ -98,15 +104,23 @@ class AdapterDir:
     def weights(self) -> Path:
         return self.path / WEIGHTS_FILE
 
+    @property
+    def ngrams_file(self) -> Path:
+        return self.path / NGRAMS_FILE
+
     # ---------------------------------------------------------------- writing
 
     def seal(self, **metadata) -> str:
-        """After PEFT's save_pretrained: write checksum.sha256 and the metadata (with `metadata`
-        merged in and adapter_sha256 set). Returns the weights' sha256."""
-        digest = sha256_file(self.weights)
-        (self.path / CHECKSUM_FILE).write_text(f"{digest}  {WEIGHTS_FILE}\n")
-        self.write_metadata({**self.metadata(), **metadata, SHA_TAG: digest})
-        return digest
+        """After PEFT's save_pretrained (and write_ngrams, for a version that ships an index): write
+        checksum.sha256, one line per file it covers, and the metadata (with `metadata` merged in,
+        adapter_sha256 and ngrams_sha256 set). Returns the weights' sha256."""
+        digests = {WEIGHTS_FILE: sha256_file(self.weights)}
+        if self.ngrams_file.is_file():
+            digests[NGRAMS_FILE] = sha256_file(self.ngrams_file)
+        (self.path / CHECKSUM_FILE).write_text("".join(f"{digest}  {name}\n" for name, digest in digests.items()))
+        index = {NGRAMS_SHA_KEY: digests[NGRAMS_FILE]} if NGRAMS_FILE in digests else {}
+        self.write_metadata({**self.metadata(), **metadata, SHA_TAG: digests[WEIGHTS_FILE], **index})
+        return digests[WEIGHTS_FILE]
 
     def write_metadata(self, metadata: dict) -> None:
         (self.path / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
@@ -118,6 +132,12 @@ class AdapterDir:
 
     def write_vocab(self, token_ids: list[int]) -> None:
         (self.path / VOCAB_FILE).write_text(json.dumps({"token_ids": token_ids}) + "\n")
+
+    def write_ngrams(self, index: dict[tuple[int, ...], list[int]]) -> None:
+        """The n-gram index (drafters/ngram_index.py) as {"ngrams": [[n-gram, continuation], ...]};
+        before `seal`, which covers it."""
+        pairs = [[list(ngram), list(continuation)] for ngram, continuation in index.items()]
+        self.ngrams_file.write_text(json.dumps({"ngrams": pairs}, separators=(",", ":")) + "\n")
 
     # ---------------------------------------------------------------- reading and checking
 
@@ -136,7 +156,8 @@ class AdapterDir:
 
     def verify(self, expected_sha256: str | None = None, *, require_checksum: bool = True) -> str:
         """The files are there and the weights hash to what checksum.sha256, the metadata's
-        adapter_sha256 and `expected_sha256` (e.g. the registry's tag) say; returns the sha256.
+        adapter_sha256 and `expected_sha256` (e.g. the registry's tag) say; so does the n-gram index,
+        when there is one, to its own lines (`_verify_ngrams`). Returns the weights' sha256.
 
         Example: weights hashing to 9f2c... with a checksum.sha256 of 9f2c... and metadata naming
         41aa... fail with reason "checksum": one of the three was changed after the trainer sealed it.
@@ -147,25 +168,49 @@ class AdapterDir:
         )
         if not self.weights.is_file():
             raise missing
-        checksum = self.path / CHECKSUM_FILE
-        if require_checksum and not checksum.is_file():
+        sealed = (self.path / CHECKSUM_FILE).is_file()
+        if require_checksum and not sealed:
             raise AdapterError(f"{self.path}: no {CHECKSUM_FILE}", "missing")
+        listed, metadata = self.checksums(), self.metadata()
+        actual = sha256_file(self.weights)
         claims = {
-            CHECKSUM_FILE: (checksum.read_text().split() or [""])[0] if checksum.is_file() else None,
-            METADATA_FILE: self.metadata().get(SHA_TAG),
+            CHECKSUM_FILE: listed.get(WEIGHTS_FILE, "") if sealed else None,
+            METADATA_FILE: metadata.get(SHA_TAG),
             "the registry": expected_sha256,
         }
-        actual = sha256_file(self.weights)
-        for source, claimed in claims.items():
-            if claimed is not None and claimed != actual:
-                raise AdapterError(
-                    f"{self.path}: checksum mismatch: {WEIGHTS_FILE} hashes to {actual[:12]}..., {source} "
-                    f"says {str(claimed)[:12]}...; the file is corrupt or was changed",
-                    "checksum",
-                )
+        check_claims(self.weights, actual, claims)
         if not (self.path / CONFIG_FILE).is_file():  # after the checksum: corrupt weights say more than a lost config
             raise missing
+        self._verify_ngrams(listed, metadata, sealed)
         return actual
+
+    def _verify_ngrams(self, listed: dict[str, str], metadata: dict, sealed: bool) -> None:
+        """The n-gram index hashes to its line of checksum.sha256 and the metadata's ngrams_sha256.
+
+        A sealed directory (one with a checksum.sha256) must list the index it holds: an index added
+        after sealing is refused like changed weights, and one they list that is gone as missing.
+        """
+        claims = {CHECKSUM_FILE: listed.get(NGRAMS_FILE), METADATA_FILE: metadata.get(NGRAMS_SHA_KEY)}
+        if not self.ngrams_file.is_file():
+            if any(claims.values()):
+                raise AdapterError(f"{self.path}: {NGRAMS_FILE} is listed but missing", "missing")
+            return
+        if sealed and claims[CHECKSUM_FILE] is None:
+            raise AdapterError(f"{self.path}: {NGRAMS_FILE} is not in {CHECKSUM_FILE}: added after sealing", "checksum")
+        check_claims(self.ngrams_file, sha256_file(self.ngrams_file), claims)
+
+    def checksums(self) -> dict[str, str]:
+        """checksum.sha256 as {file name: sha256}, {} without one. A line without a file name is the
+        weights' (hand-made adapters write the bare digest)."""
+        file = self.path / CHECKSUM_FILE
+        if not file.is_file():
+            return {}
+        listed = {}
+        for line in file.read_text(errors="replace").splitlines():
+            digest, _, name = line.strip().partition(" ")
+            if digest:
+                listed[name.strip().lstrip("*") or WEIGHTS_FILE] = digest
+        return listed
 
     def check_models(self, target_id: str, draft_id: str) -> None:
         """The metadata, when it names them, names this target and draft."""
@@ -197,8 +242,41 @@ class AdapterDir:
             raise AdapterError(f"{file}: token_ids must be a non-empty list of ids in [0, {vocab_size})")
         return ids
 
+    def ngrams(self, vocab_size: int) -> dict[tuple[int, ...], list[int]] | None:
+        """The n-gram index this version ships (`AdapterSlot.ngrams`), or None when it ships none.
+        Read after `verify`: this checks the shape, the checksum was checked there."""
+        if not self.ngrams_file.is_file():
+            return None
+        try:
+            pairs = json.loads(self.ngrams_file.read_text())["ngrams"]
+            index = {tuple(ngram): list(continuation) for ngram, continuation in pairs}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise AdapterError(f"{self.ngrams_file}: unreadable n-gram index: {exc}", "corrupt") from None
+        if not all(_token_ids(ngram, vocab_size) and _token_ids(follow, vocab_size) for ngram, follow in index.items()):
+            raise AdapterError(
+                f"{self.ngrams_file}: n-grams and continuations must be non-empty lists of ids in [0, {vocab_size})"
+            )
+        return index
+
     def describe(self) -> dict:
         return describe(self.metadata())
+
+
+def check_claims(file: Path, actual: str, claims: dict[str, str | None]) -> None:
+    """Every sha256 claimed for `file` (by checksum.sha256, the metadata, the registry; None: no
+    claim) is `actual`; AdapterError with reason "checksum" names the first that is not."""
+    for source, claimed in claims.items():
+        if claimed is not None and claimed != actual:
+            raise AdapterError(
+                f"{file.parent}: checksum mismatch: {file.name} hashes to {actual[:12]}..., {source} "
+                f"says {str(claimed)[:12]}...; the file is corrupt or was changed",
+                "checksum",
+            )
+
+
+def _token_ids(ids, vocab_size: int) -> bool:
+    """A non-empty sequence of token ids in [0, vocab_size)."""
+    return bool(ids) and all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)
 
 
 def describe(metadata: dict) -> dict:
@@ -288,6 +366,11 @@ def merge_into_slot(base_layers: nn.ModuleList, pairs) -> nn.ModuleList:
 def read_vocab(path: str | Path, vocab_size: int) -> list[int] | None:
     """The adapter's draft vocabulary, or None when it ships none."""
     return AdapterDir(path).vocab(vocab_size)
+
+
+def read_ngrams(path: str | Path, vocab_size: int) -> dict[tuple[int, ...], list[int]] | None:
+    """The adapter's n-gram index of recent outputs, or None when it ships none."""
+    return AdapterDir(path).ngrams(vocab_size)
 
 
 def check_models(fields: dict, target_id: str, draft_id: str, what: str) -> None:

@@ -76,8 +76,10 @@ def _alias(base: str, domain: str | None) -> str:
 CONFIG_FILE = "adapter_config.json"  # PEFT's
 WEIGHTS_FILE = "adapter_model.safetensors"  # PEFT's
 METADATA_FILE = "adaptive_spec_adapter.json"  # who trained it, from what, and the gate's figures
-CHECKSUM_FILE = "checksum.sha256"  # sha256sum format: `sha256sum -c checksum.sha256` checks the weights
+CHECKSUM_FILE = "checksum.sha256"  # sha256sum format: `sha256sum -c checksum.sha256` checks the weights and the index
 VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose
+NGRAMS_FILE = "draft_ngrams.json"  # optional: {"ngrams": [[n-gram, continuation], ...]}, in checksum.sha256
+NGRAMS_SHA_KEY = "ngrams_sha256"  # metadata key: the sha256 of NGRAMS_FILE (drafters/ngram_index.py)
 
 
 def version_dir_name(version: int) -> str:

@@ -241,10 +241,11 @@ class Engine:
             weights = drafter.build_weights(config, tensors)
             vocab = drafter.new_vocab()
             vocab.restrict(adapters.read_vocab(path, self.vocab_size))
+            ngrams = adapters.read_ngrams(path, self.vocab_size)  # for ngram+ drafts (free_first.py)
         gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
         version = version or str(metadata.get("version", Path(path).name))
         nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
-        return self._swap(domain, AdapterSlot(version, domain, weights, vocab, gated, nbytes))
+        return self._swap(domain, AdapterSlot(version, domain, weights, vocab, gated, nbytes, ngrams))
 
     def unload_adapter(self, domain: str | None = None) -> float:
         """Stop serving the adapter of `domain` (None: the general one, so the base draft)."""

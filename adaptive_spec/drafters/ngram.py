@@ -47,7 +47,8 @@ class NgramDrafter:
 
     def lookup_index(self, context: list[int], k: int, index: dict[tuple[int, ...], list[int]]) -> list[int]:
         """What followed the context's final n-gram in a domain's recent outputs: `index` maps an
-        n-gram (as a tuple, n <= max_ngram) to the tokens that most often followed it there."""
+        n-gram (as a tuple, n <= max_ngram) to the tokens that most often followed it there
+        (ngram_index.py builds it; a version ships it as draft_ngrams.json)."""
         for n in range(min(self.max_ngram, len(context)), 0, -1):
             follow = index.get(tuple(context[len(context) - n :]))
             if follow:

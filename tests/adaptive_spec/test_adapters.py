@@ -1,6 +1,7 @@
 """Adapters on the draft: merged weights equal PEFT's, swaps stay lossless, bad ones are refused."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterError, sha256_file
+from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
+from adaptive_spec.contracts import NGRAMS_FILE, NGRAMS_SHA_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -163,3 +165,67 @@ def test_a_bad_draft_vocabulary_is_refused(tmp_path):
     with pytest.raises(AdapterError, match="token_ids"):
         engine.load_adapter(path)
     assert engine.adapter_version is None and engine.drafter.vocab.ids is None
+
+
+# ---------------------------------------------------------------- the n-gram index a version ships
+
+INDEX = {(17, 33): [8, 5, 17], (5,): [17, 33]}  # n-gram -> continuation (adaptive_spec/drafters/ngram_index.py)
+
+
+def sealed_with_index(target, path: Path, index=INDEX) -> AdapterDir:
+    """A version as the trainer writes it (trainer/versions.py): the adapter, its n-gram index, then the seal."""
+    make_adapter(target, 2, path, seed=8)
+    version = AdapterDir(path)
+    version.write_ngrams(index)
+    version.seal(version=1)
+    return version
+
+
+def test_an_n_gram_index_is_sealed_with_the_weights_and_loads_into_the_slot(tmp_path):
+    target = tiny_target(3)
+    version = sealed_with_index(target, tmp_path / "v1")
+    digests = {WEIGHTS_FILE: sha256_file(version.weights), NGRAMS_FILE: sha256_file(version.ngrams_file)}
+    assert version.checksums() == digests and version.metadata()[NGRAMS_SHA_KEY] == digests[NGRAMS_FILE]
+    assert subprocess.run(["sha256sum", "--quiet", "-c", CHECKSUM_FILE], cwd=version.path).returncode == 0
+    assert version.verify() == digests[WEIGHTS_FILE]
+
+    engine = Engine(target, "ngram+early-exit:2")
+    engine.load_adapter(version.path)
+    assert engine.adapters.general.ngrams == INDEX
+    make_adapter(target, 2, tmp_path / "plain", seed=9)  # a version without an index
+    engine.load_adapter(tmp_path / "plain", domain="sql")
+    assert engine.adapters.domains["sql"].ngrams is None
+
+
+def test_a_tampered_missing_or_unsealed_index_is_refused_like_corrupt_weights(tmp_path):
+    target = tiny_target(3)
+    engine = Engine(target, "ngram+early-exit:2")
+    engine.load_adapter(sealed_with_index(target, tmp_path / "good").path, "7")
+
+    tampered = sealed_with_index(target, tmp_path / "tampered")  # one continuation changed after the seal
+    tampered.ngrams_file.write_text(tampered.ngrams_file.read_text().replace("[8,5,17]", "[8,5,18]"))
+    gone = sealed_with_index(target, tmp_path / "gone")  # listed in checksum.sha256, then deleted
+    gone.ngrams_file.unlink()
+    added = AdapterDir(tmp_path / "added")  # put into a version after it was sealed
+    make_adapter(target, 2, added.path, seed=8)
+    added.seal(version=2)
+    added.write_ngrams(INDEX)
+    bad_ids = AdapterDir(tmp_path / "bad-ids")  # hand-made, no checksum: its shape is still checked
+    make_adapter(target, 2, bad_ids.path, seed=8)
+    (bad_ids.path / CHECKSUM_FILE).unlink()
+    bad_ids.write_ngrams({(1,): [2, 10**6]})
+
+    cases = {
+        tampered: ("checksum", "checksum mismatch: draft_ngrams.json"),
+        gone: ("missing", "listed but missing"),
+        added: ("checksum", "added after sealing"),
+        bad_ids: ("incompatible", "ids in"),
+    }
+    for version, (reason, phrase) in cases.items():
+        with pytest.raises(AdapterError, match=phrase) as refused:
+            engine.load_adapter(version.path)
+        assert refused.value.reason == reason
+        assert engine.adapter_version == "7" and engine.adapters.general.ngrams == INDEX
+    for version in (tampered, gone, added):
+        with pytest.raises(AdapterError):
+            version.verify()

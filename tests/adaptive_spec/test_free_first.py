@@ -3,7 +3,8 @@ index) has a match drafts by copying, with no forward; the others draft with the
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_free_first.py -q   (CPU, seconds)
 
-Greedy equality for `ngram+head` and `ngram+early-exit:2` is in test_engine.py and test_batch.py.
+Greedy equality for `ngram+head` and `ngram+early-exit:2` is in test_engine.py and test_batch.py; the
+index built by the trainer (drafters/ngram_index.py) in test_ngram_index.py and test_online.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import pytest
 
 from adaptive_spec import Engine
 from adaptive_spec.adapter_slots import AdapterSlot
+from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
+from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
+from test_adapters import make_adapter
 from tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,3 +53,28 @@ def test_a_row_with_a_match_copies_and_the_others_use_the_model() -> None:
     assert modelled.forwards == 2 and len(modelled.tokens) == 2
     assert from_index.tokens.tolist() == [60, 61, 62] and from_index.forwards == 0
     assert fresh.slot == 1 and repeating.slot == 0
+
+
+def test_the_index_a_version_ships_gives_free_proposals_and_the_output_stays_the_targets(tmp_path) -> None:
+    """`ngram+early-exit:1` with an adapter whose n-gram index holds this prompt's continuation (as the
+    trainer writes it from earlier outputs) copies it with no draft forward; greedy output is unchanged."""
+    target = tiny_target(0)
+    engine = Engine(target, "ngram+early-exit:1", eos_token_id=[])
+    prompt = [3, 41, 77, 12, 90, 25]  # no repeat: prompt lookup alone has nothing to copy at first
+    expected = engine.generate(prompt, 24, speculative=False).token_ids
+    version = AdapterDir(tmp_path / "v1")
+    make_adapter(target, 1, version.path, seed=3)
+    version.write_ngrams(build_ngram_index([(prompt, expected)] * 2))  # this output, seen twice before
+    version.seal(version=1)
+    engine.load_adapter(version.path)
+    assert engine.adapters.general.ngrams
+
+    indexed = engine.generate(prompt, 24, k=4)
+    engine.adapters.general.ngrams = None  # the same adapter without its index
+    modelled = engine.generate(prompt, 24, k=4)
+    print(f"\nwith the index: {indexed.stats.as_dict()}\nwithout: {modelled.stats.as_dict()}")
+    assert indexed.token_ids == modelled.token_ids == expected
+    assert indexed.stats.accepted > modelled.stats.accepted
+    assert indexed.stats.target_forwards < modelled.stats.target_forwards
+    assert indexed.stats.draft_forwards < modelled.stats.draft_forwards  # free proposals cost no forward
+    assert indexed.stats.mean_acceptance_length >= 3.0  # k = 4: nearly every proposal is the target's
