@@ -107,6 +107,31 @@ class ReplayBuffer:
             used += example.num_tokens
         return batch
 
+    def recent_outputs(self, max_tokens: int) -> list[tuple[list[int], list[int]]]:
+        """(prompt, output) token ids of the latest examples, newest first, while their outputs add
+        up to at most `max_tokens` tokens (the newest one always): what a promoted version's n-gram
+        index is built from (adaptive_spec/drafters/ngram_index.py)."""
+        outputs, used = [], 0
+        for example in reversed(self._examples):
+            prompt, output = split_output(example)
+            if outputs and used + len(output) > max_tokens:
+                break
+            outputs.append((prompt, output))
+            used += len(output)
+        return outputs
+
+
+def split_output(example: TrainingExample) -> tuple[list[int], list[int]]:
+    """(prompt, output) of a training example. Its input is prompt + output[:-1] and the logits at
+    its first position predict the output's first token; the target's top-1 at the last position
+    stands for the output's last token (the same token when the request was greedy).
+
+    Example: input [p0 p1 p2 o0], positions [2, 3], top-1 ids [o0, o1] -> ([p0 p1 p2], [o0 o1]).
+    """
+    ids = example.input_ids.tolist()
+    first = int(example.positions[0]) + 1
+    return ids[:first], [*ids[first:], int(example.target_topk_ids[-1, 0])]
+
 
 class HoldoutSplit:
     """Decides which records are held out, and keeps the most recent `max_records` of them.

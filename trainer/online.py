@@ -20,7 +20,8 @@ The loop (`run`), one verb each:
   then candidate and champion (the base draft with adapters disabled before any version; for a
   domain without one, the general adapter) are scored with `draft_agreement` on one snapshot of its
   held-out set, and the gate judges (trainer/decision.py). A winner becomes `adapters_dir/vNNNN`
-  (trainer/versions.py; a domain's carries `"domain"` in its metadata) and the lineage's champion;
+  (trainer/versions.py; a domain's carries `"domain"` in its metadata; each ships the n-gram index of
+  its lineage's latest outputs, `ngram_tokens`) and the lineage's champion;
 - `checkpoint()` makes the state durable (trainer/checkpoint.py, trainer/resume.py), then
   acknowledges what it covers.
 
@@ -54,6 +55,7 @@ import numpy as np
 import redis
 
 from adaptive_spec.contracts import version_dir_name
+from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.record import CorrectionRecord
 from trainer.buffer import ReplayBuffer
 from trainer.champion import RegistryChampion, agreement
@@ -96,6 +98,7 @@ class OnlineSettings:
     reclaim_idle_ms: int = 60_000  # another consumer's pending entries are taken over after this long
     registry_retry_s: float = 30.0  # while the registry is unreachable, ask it again after this long
     max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
+    ngram_tokens: int = 32_768  # latest output tokens a version's n-gram index is built from (0: ship none)
 
     def __post_init__(self) -> None:
         if self.min_new_records < 1 or self.round_steps < 1:
@@ -407,6 +410,7 @@ class OnlineTrainer:
         promoted = self.versions.promote(
             self.trainer.save,
             target_tokens(lineage.buffer, lineage.holdout),
+            ngrams=self._ngram_index(lineage),
             candidate=result.candidate,
             champion=result.champion,
             loss=result.loss,
@@ -437,6 +441,13 @@ class OnlineTrainer:
                 self.promote_errors += 1
                 log.exception("on_promote failed for %s", promoted.path)
         return promoted
+
+    def _ngram_index(self, lineage: Lineage) -> dict | None:
+        """The n-gram index of the lineage's latest `ngram_tokens` output tokens, which `ngram+` drafts
+        copy from (adaptive_spec/drafters/ngram_index.py; at most 4,096 n-grams); None when it is 0."""
+        if not self.settings.ngram_tokens:
+            return None
+        return build_ngram_index(lineage.buffer.recent_outputs(self.settings.ngram_tokens))
 
     def progress(self) -> str:
         last = self.last_result

@@ -6,13 +6,14 @@
     versions.find(sha256)       # 4: the local number of a version whose weights hash to sha256
 
 A version directory is what a server loads (adapters.AdapterDir): PEFT's adapter_config.json and
-adapter_model.safetensors, checksum.sha256 (sha256sum format, `sha256sum -c` checks it),
+adapter_model.safetensors, draft_ngrams.json (the n-gram index of the lineage's recent outputs, when
+given), checksum.sha256 (sha256sum format, `sha256sum -c` checks the weights and the index),
 draft_vocab.json, and adaptive_spec_adapter.json with DraftTrainer's metadata plus what the online
 trainer adds (`version`, `parent_version`, `parent_sha256`, `parent_registry_version`,
-`base_version`, `gate`, `loss`, `domain_mix`, `adapter_sha256`; `registry_version` and `adopted_*`
-for a version adopted from the registry). Each is written as `.vNNNN.tmp`, then renamed, and a
-rename never replaces a directory that exists, so a crash leaves no half-written version and no
-number is reused.
+`base_version`, `gate`, `loss`, `domain_mix`, `adapter_sha256`, `ngrams_sha256`; `registry_version`
+and `adopted_*` for a version adopted from the registry). Each is written as `.vNNNN.tmp`, then
+renamed, and a rename never replaces a directory that exists, so a crash leaves no half-written
+version and no number is reused.
 """
 
 from __future__ import annotations
@@ -68,12 +69,17 @@ class VersionDirs:
                 return number
         return None
 
-    def write(self, number: int, save: Callable[[Path], object], vocab: list[int], **metadata) -> tuple[Path, str]:
-        """`save(directory)` writes the PEFT adapter; then it is sealed with `metadata` and `vocab`.
-        Returns (the version's path, the weights' sha256)."""
+    def write(
+        self, number: int, save: Callable[[Path], object], vocab: list[int], ngrams: dict | None = None, **metadata
+    ) -> tuple[Path, str]:
+        """`save(directory)` writes the PEFT adapter; then the n-gram index (when given) is written
+        and it is all sealed with `metadata` (the checksum covers the weights and the index), and
+        `vocab` added. Returns (the version's path, the weights' sha256)."""
         staged = self._staging(number)
         save(staged)
         adapter = AdapterDir(staged)
+        if ngrams:
+            adapter.write_ngrams(ngrams)
         digest = adapter.seal(**metadata)
         adapter.write_vocab(vocab)
         return self._publish(staged, number), digest
@@ -90,15 +96,18 @@ class VersionDirs:
         parent_version: int | None,
         parent_sha256: str | None,
         gate: dict,
+        ngrams: dict | None = None,
         **metadata,
     ) -> AdapterVersion:
-        """The next version, with the gate's figures (`gate` adds the reason and the thresholds)."""
+        """The next version, with the gate's figures (`gate` adds the reason and the thresholds) and
+        the n-gram index of its lineage's recent outputs (`ngrams`, None: it ships none)."""
         number = self.take()
         figures = {"candidate": candidate.as_dict(), "champion": champion.as_dict(), **gate}
         path, sha256 = self.write(
             number,
             save,
             vocab,
+            ngrams,
             version=number,
             parent_version=parent_version,
             parent_sha256=parent_sha256,

@@ -7,6 +7,7 @@ What must hold:
 - the buffer evicts oldest first by input tokens, and refuses duplicates (the stream is
   at-least-once), useless examples and examples larger than the whole budget;
 - a sampled batch stays within its token budget, never repeats an example, and reaches every example;
+- its latest outputs, split from their prompts, are what a version's n-gram index is built from;
 - the held-out decision is a pure function of the request id (stable across instances and
   processes, about `fraction` of ids), the store keeps the most recent records and ignores duplicates.
 """
@@ -80,6 +81,20 @@ def test_sample_batch_keeps_to_its_budget_and_reaches_every_example():
         [e.request_id for e in buffer.sample_batch(np.random.default_rng(7), 200)]  # fmt: skip
     assert len(buffer.sample_batch(rng, tokens=1)) == 1  # at least one, even over budget
     assert ReplayBuffer(100).sample_batch(rng, 100) == []
+
+
+def test_recent_outputs_split_the_newest_examples_at_their_output_within_a_token_budget():
+    """What a version's n-gram index is built from: input [p0 p1 p2 o0] with positions [2, 3] is the
+    prompt [p0 p1 p2] and the output [o0 o1], o1 being the target's top-1 at the last position."""
+    buffer = ReplayBuffer(max_tokens=1000)
+    for i in range(3):
+        topk = torch.tensor([[20 + i, 1], [30 + i, 2]])  # [positions, m]: the top-1 ids are the output
+        logprobs, accepted = torch.zeros(2, 2, dtype=torch.float16), torch.zeros(2, dtype=torch.bool)
+        buffer.add(
+            TrainingExample(f"req-{i}", torch.tensor([7, 8, 9, 20 + i]), torch.tensor([2, 3]), topk, logprobs, accepted)
+        )
+    assert buffer.recent_outputs(4) == [([7, 8, 9], [22, 32]), ([7, 8, 9], [21, 31])]
+    assert buffer.recent_outputs(1) == [([7, 8, 9], [22, 32])]  # the newest one always
 
 
 def test_holdout_decision_is_a_stable_hash_of_the_request_id():

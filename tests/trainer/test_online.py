@@ -8,6 +8,9 @@ What must hold:
   directory whose checksum verifies and whose metadata holds the gate figures; on held-out
   records it drafts clearly better than the base draft, while an lr = 0 trainer promotes nothing
   (its candidate is the champion) and a rejected round leaves the champion's weights in place;
+- a promoted version ships the n-gram index of its lineage's outputs, covered by its checksum; a
+  server loads it with the adapter, and `ngram+` drafts copy from it (more accepted tokens per
+  target forward on prompts seen before, the same greedy output);
 - entries are acknowledged only by a checkpoint that contains them (at once without one);
 - a trainer killed before acknowledging loses nothing: the entries come back to its consumer
   name at once and to any other consumer once idle;
@@ -31,9 +34,10 @@ import redis
 import torch
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import AdapterDir, AdapterError
-from adaptive_spec.contracts import METADATA_FILE, TRAINER_STATUS_KEY
+from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
+from adaptive_spec.contracts import METADATA_FILE, NGRAMS_FILE, NGRAMS_SHA_KEY, TRAINER_STATUS_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.drafters.ngram_index import MAX_ENTRIES
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 from trainer.decision import StatisticalGate
@@ -195,7 +199,8 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     assert not list(path.parent.glob(".*"))  # no temporary directory left behind
 
     digest = hashlib.sha256((path / "adapter_model.safetensors").read_bytes()).hexdigest()
-    assert (path / "checksum.sha256").read_text() == f"{digest}  adapter_model.safetensors\n"
+    listed = (path / "checksum.sha256").read_text().splitlines()  # the weights, then the n-gram index
+    assert listed[0] == f"{digest}  adapter_model.safetensors"
     metadata = AdapterDir(path).metadata()
     assert metadata["adapter_sha256"] == digest == version.sha256 and AdapterDir(path).verify()
 
@@ -218,6 +223,49 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     (tampered / "adapter_model.safetensors").write_bytes(weights)
     with pytest.raises(AdapterError, match="checksum"):
         AdapterDir(tampered).verify()
+
+
+def test_a_promoted_version_ships_the_n_gram_index_of_its_outputs_and_a_server_copies_from_it(learned, target):
+    """draft_ngrams.json: what at least two of the lineage's buffered outputs agree on after each
+    n-gram, covered by the checksum; loaded into the adapter's slot, it gives `ngram+early-exit:1`
+    free proposals on prompts seen before, and greedy output stays the target's."""
+    trainer, path = learned.trainer, learned.trainer.champion_path
+    version = AdapterDir(path)
+    index = version.ngrams(VOCAB)
+    assert index and len(index) <= MAX_ENTRIES
+    assert version.checksums()[NGRAMS_FILE] == version.metadata()[NGRAMS_SHA_KEY] == sha256_file(version.ngrams_file)
+    buffered = trainer.buffer.recent_outputs(RECORDS * NEW_TOKENS)  # (prompt, output), newest first: all of them
+    assert len(buffered) == len(trainer.buffer) and all(len(output) == NEW_TOKENS for _, output in buffered)
+    for ngram, continuation in index.items():
+        assert 2 <= len(continuation) <= 8 and occurrences(buffered, list(ngram), continuation) >= 2
+
+    engine = Engine(target, "ngram+early-exit:1", eos_token_id=[])
+    engine.load_adapter(path)
+    assert engine.adapters.general.ngrams == index
+    seen = buffered[:8]
+    indexed = [engine.generate(prompt, NEW_TOKENS, k=4) for prompt, _ in seen]
+    engine.adapters.general.ngrams = None  # the same adapter without its index
+    modelled = [engine.generate(prompt, NEW_TOKENS, k=4) for prompt, _ in seen]
+    for (_, output), with_index, without in zip(seen, indexed, modelled, strict=True):
+        assert with_index.token_ids == without.token_ids == output  # the records are the target's greedy outputs
+    accepted = [sum(out.stats.accepted for out in outs) for outs in (indexed, modelled)]
+    forwards = [sum(out.stats.target_forwards for out in outs) for outs in (indexed, modelled)]
+    drafts = [sum(out.stats.draft_forwards for out in outs) for outs in (indexed, modelled)]
+    print(
+        f"\n{len(index)} n-grams; with the index and without: accepted {accepted}, target forwards {forwards}, "
+        f"draft forwards {drafts}"
+    )
+    assert accepted[0] > accepted[1] and forwards[0] < forwards[1] and drafts[0] < drafts[1]
+
+
+def occurrences(outputs: list[tuple[list[int], list[int]]], ngram: list[int], continuation: list[int]) -> int:
+    """How often `ngram` is followed by `continuation` in the outputs (the n-gram may begin in the prompt)."""
+    count = 0
+    for prompt, output in outputs:
+        tokens, first = prompt[-len(ngram) :] + output, len(prompt[-len(ngram) :])
+        run = ngram + continuation
+        count += sum(tokens[i : i + len(run)] == run for i in range(first - len(ngram), len(tokens) - len(run) + 1))
+    return count
 
 
 def test_the_default_statistical_gate_says_what_it_waits_for_and_promotes_before_1000_positions(
