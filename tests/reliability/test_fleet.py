@@ -393,14 +393,14 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
                 b.process.kill()
                 assert b.wait(10) == -signal.SIGKILL
                 killed_at = time.time()
-                time.sleep(3.0)  # a alone serves; b refuses connections
+                time.sleep(2.0)  # a alone serves; b refuses connections
                 restarted = ServeProcess(tmp_path / "b", tiny_model_dir, env, [], port=b.port)
                 processes.append(restarted)
                 restarted.start(timeout=180)
                 replicas[1].life = 3
                 ready_at = time.time()
                 champion = registry.champion()
-                time.sleep(3.0)  # both serve again
+                time.sleep(2.0)  # both serve again
             champion_after = registry.champion()
 
         # 5. the stream, the trainer's intake, the consumer group
