@@ -18,7 +18,8 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_fleet.p
    stream; b restarted on the same port loads the champion before it is ready and serves it from its
    first request (service/watcher.py start_watcher);
 5. traffic stopped: every record in the stream was consumed by the one trainer, none twice (its counters
-   and the consumer group's state), and none was written twice.
+   and the consumer group's state); an entry is in the stream twice only after a write whose reply timed
+   out (the writer is at-least-once), and the trainer counts it as a duplicate, not as a record.
 
 The load balancer the test plays: round robin, no retries, no health checks. A request to the
 SIGKILLed replica fails (in flight: reset; later: connection refused) and is counted apart, as
@@ -460,6 +461,7 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
         "champion_after": champion_after,
         "correction_log": final_log,
         "stream": {"entries": len(ids), "distinct": len(in_stream)},
+        "failed_writes": {label: log["errors"] for label, log in monitor.correction_log.items()},
         "group": {key: group[key] for key in ("entries-read", "lag", "pending", "consumers")},
         "trainer": {key: counters[key] for key in ("records_consumed", "duplicates", "rounds", "adapters_promoted")},
     }
@@ -479,8 +481,11 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
     assert len(tallies["a"].requests_by_version) >= 3 and len(tallies["b"].requests_by_version) >= 3
     # the dashboard on either replica: the sum of what both served, per version
     assert dashboards["a"] == dashboards["b"] == served
-    # every record of the live processes is in the stream, once; b's acknowledged ones too
-    assert len(ids) == len(in_stream), "a record was written twice"
+    # every record of the live processes is in the stream; b's acknowledged ones too. The writer is
+    # at-least-once (service/correction_log.py): a batch whose reply timed out is sent again, so an entry
+    # may be in the stream twice, but only after a failed write; the trainer keeps one of each
+    retried = sum(log["errors"] for log in (final_log["a"], final_log["b-restarted"], monitor.correction_log["b"]))
+    assert len(ids) == len(in_stream) or retried > 0, "a record was written twice without a failed write"
     assert a_ids <= in_stream and b2_ids <= in_stream
     assert final_log["a"]["written"] == len(a_ids) and final_log["b-restarted"]["written"] == len(b2_ids)
     assert final_log["a"]["dropped"] == final_log["b-restarted"]["dropped"] == 0
@@ -492,7 +497,7 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
     assert champion is not None and "base" not in tallies["b-restarted"].requests_by_version
     # the one trainer consumed every entry, none twice
     assert group["entries-read"] == length == len(ids) and group["pending"] == 0 and group["lag"] == 0
-    assert counters["records_consumed"] == len(ids) and counters["duplicates"] == 0
+    assert counters["records_consumed"] == len(in_stream) and counters["duplicates"] == len(ids) - len(in_stream)
     assert counters["adapters_promoted"] >= 2
     client.close()
 
