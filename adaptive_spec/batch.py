@@ -49,7 +49,7 @@ class Row:
 
     request: Request
     slot: int  # the row's index in the batch's caches (rows stay packed: it moves when others leave)
-    alpha: float  # this row's acceptance estimate, for dynamic k
+    alpha: float  # this row's acceptance estimate of its model draft, for dynamic k
     ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
     stats: RequestStats
     trace: Trace
@@ -59,6 +59,7 @@ class Row:
     features: Features | None = None  # the target's hidden state at each context position, for a head draft
     adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
     constraints: Constraints | None = None  # penalties, logit bias, grammar: applied to target and draft logits
+    free_alpha: float = 0.5  # its acceptance estimate of free proposals (ngram+ drafts), for dynamic k
 
     @property
     def key(self) -> tuple[str | None, str | None]:
@@ -185,6 +186,7 @@ class Batch:
             adapter=adapter,
         )
         row.alpha = engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
+        row.free_alpha = engine.policy.free_alpha_for(row.key)
         if request.penalties.active or request.grammar is not None:
             matcher = None if request.grammar is None else request.grammar.new_matcher()
             row.constraints = Constraints(
@@ -221,6 +223,7 @@ class Batch:
             if self.draft_cache is not None:
                 self.draft_cache.set_length(row.slot, 0)
             row.alpha = self.engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
+            row.free_alpha = self.engine.policy.free_alpha_for(row.key)
 
     # ---------------------------------------------------------------- the step
 
@@ -229,8 +232,8 @@ class Batch:
         if not self.rows:
             return []
         with self.engine.step_lock:
-            ks = self._choose_k()
-            proposals, draft_s = self._draft(ks)
+            ks, free = self._choose_k()
+            proposals, draft_s = self._draft(ks, free)
             target_logits, verify_s = self._verify(proposals)
             verdicts = self._accept(proposals, target_logits)
             emitted = self._commit(proposals, verdicts)
@@ -245,21 +248,37 @@ class Batch:
                 self.remove(row)
         return results
 
-    def _choose_k(self) -> list[int]:
-        engine = self.engine
+    def _choose_k(self) -> tuple[list[int], list[list[int]] | None]:
+        """Per row, how many tokens to draft and (ngram+ drafts) its free proposal or [] for the model's."""
+        engine, policy = self.engine, self.engine.policy
         limits = [row.draft_limit(engine.max_context, engine.drafter is not None) for row in self.rows]
         dynamic = [i for i, row in enumerate(self.rows) if row.request.k is None]
-        k = engine.policy.choose([self.rows[i].alpha for i in dynamic], [limits[i] for i in dynamic]) if dynamic else 0
-        return [
-            min(k if row.request.k is None else row.request.k, limit)
-            for row, limit in zip(self.rows, limits, strict=True)
-        ]
+        fixed = [row.request.k for row in self.rows]
+        matches_of = getattr(engine.drafter, "matches", None)
+        if matches_of is None:
+            k = policy.choose([self.rows[i].alpha for i in dynamic], [limits[i] for i in dynamic]) if dynamic else 0
+            return [min(k if want is None else want, lim) for want, lim in zip(fixed, limits, strict=True)], None
+        caps = [min(lim, policy.k_max if want is None else want) for want, lim in zip(fixed, limits, strict=True)]
+        free = matches_of(self.rows, caps)  # a row of fixed k uses its match whenever it has one
+        ks = [0 if want is None else min(want, lim) for want, lim in zip(fixed, limits, strict=True)]
+        if dynamic:
+            rows = [self.rows[i] for i in dynamic]
+            chosen, use_free = policy.choose_sources([row.alpha for row in rows], [limits[i] for i in dynamic],
+                                                     [row.free_alpha for row in rows], [len(free[i]) for i in dynamic])  # fmt: skip
+            for i, k, copies in zip(dynamic, chosen, use_free, strict=True):
+                ks[i] = k
+                if not copies:
+                    free[i] = []
+        return ks, free
 
-    def _draft(self, ks: list[int]) -> tuple[list[Proposal], float]:
+    def _draft(self, ks: list[int], free: list[list[int]] | None) -> tuple[list[Proposal], float]:
         if not any(ks):
             return [no_proposal(self.engine.device) for _ in self.rows], 0.0
         started = self.engine.clock()
-        proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks)
+        if free is None:
+            proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks)
+        else:
+            proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks, free)
         return proposals, self.engine.clock() - started
 
     def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
@@ -344,10 +363,13 @@ class Batch:
         cut = len(row.out) - keep
         del row.out[keep:]
         drafted = len(proposal.tokens)
-        row.stats.add(
-            StepStats(drafted, verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s)
-        )
-        row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted, row.key)
+        step = StepStats(drafted, verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s)
+        step.free = proposal.free
+        row.stats.add(step)
+        if proposal.free:
+            row.free_alpha = self.engine.policy.observe_free(row.free_alpha, drafted, verdict.num_accepted, row.key)
+        else:
+            row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted, row.key)
         if row.finish is None:
             return Chunk(emitted)
         return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))

@@ -63,7 +63,7 @@ def run_bench(
     paths = ("target", "spec", "hf_assisted", "hf_target") if hf else ("target", "spec")
     tokens = dict.fromkeys(paths, 0)
     seconds = dict.fromkeys(paths, 0.0)
-    drafted = accepted = emitted = forwards = 0
+    drafted = accepted = emitted = forwards = free_drafted = free_accepted = 0
     ttft = {"target": [], "spec": []}
     identical = hf_identical = 0
     sampling = dict(temperature=temperature, seed=0)
@@ -87,6 +87,8 @@ def run_bench(
         out = ours[0]
         drafted += out.stats.drafted
         accepted += out.stats.accepted
+        free_drafted += out.stats.free_drafted
+        free_accepted += out.stats.free_accepted
         emitted += out.stats.emitted
         forwards += out.stats.target_forwards
         identical += out.token_ids == base[0].token_ids
@@ -109,6 +111,8 @@ def run_bench(
         "identical_prompts": identical if greedy else None,
         "drafted": drafted,
         "accepted": accepted,
+        "free_drafted": free_drafted,  # of drafted: copied proposals of ngram+ drafts, no model forward
+        "free_accepted": free_accepted,
         "prompts": len(prompts),
         "constrained_prompts": constrained,
         "max_new_tokens": max_new_tokens,

@@ -36,6 +36,18 @@ of a target forward over as many rows (4.6 ms for one row, 7.1 ms for four):
   one, up to `probe_every * max_probe_backoff` steps; the wait starts over when drafting pays or
   the draft changes (an adapter swap).
 
+Free drafts (`ngram+head`, `ngram+early-exit:N`, drafters/free_first.py) are a second source with
+its own acceptance and no draft cost: a row whose context (or its adapter's n-gram index) has a
+match may propose those tokens for nothing but the verify's wider width. `choose_sources` weighs
+both sources at once, row by row: for each k, the batch either runs the model draft (each row then
+takes whichever of its two proposals promises more tokens, and the model's k forwards are paid for
+the rows that use it) or does not (rows with a match propose it, the others decode plainly). Worked
+example, the costs above, one row, a head draft at 0.05 of a target step and alpha 0.3, and a free
+match of 4 tokens at alpha 0.8: the model alone would give k = 1, 1.3 / (1.55 + 32) ms = 39 tok/s;
+copying 3 of the match's tokens gives 2.95 / 47 ms = 63 tok/s, so the row copies them (k = 3). At a
+free alpha of 0.2 it drafts one token with the model instead. A free source whose matches stop being accepted gets
+a low estimate of its own and stops being used, without dragging the model's estimate down.
+
 Acceptance belongs to the text and to the adapter: the policy keeps an estimate per key, a
 (domain, adapter version) pair, so a chatty domain whose drafts do not pay does not drag down a
 code domain whose drafts do. Each row starts from its key's estimate (or, for a key not seen
@@ -135,6 +147,8 @@ class DynamicK:
     window: int = 200  # drafted tokens a key's estimate remembers (older evidence fades)
     overall: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # across requests and keys
     alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> Acceptance
+    free_overall: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # free proposals, all keys
+    free_alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> Acceptance of free proposals
     _plain_steps: int = 0
     _probe_wait: int = 0  # plain steps before the next probe; 0: probe_every
 
@@ -144,6 +158,11 @@ class DynamicK:
         if key in self.alphas:
             return self.alphas[key].estimate(self.prior_trials)
         return self.engine_alpha if prior is None else float(prior)
+
+    def free_alpha_for(self, key) -> float:
+        """Where a new row of this key starts for free proposals: the key's estimate, else the engine's."""
+        known = self.free_alphas.get(key)
+        return (known or self.free_overall).estimate(self.prior_trials)
 
     @property
     def engine_alpha(self) -> float:
@@ -182,6 +201,56 @@ class DynamicK:
         self._probe_wait = min(2 * wait, self.probe_every * self.max_probe_backoff)
         return 1
 
+    def choose_sources(
+        self, alphas: list[float], limits: list[int], free_alphas: list[float], free_lengths: list[int]
+    ) -> tuple[list[int], list[bool]]:
+        """Per row, how many tokens to draft next step and whether they are its free match (True) or
+        the model's (False). `free_lengths[i]`: tokens of row i's free match (0: none), at most its
+        limit. Plain decoding is ([0] * n, [False] * n).
+
+        The model's cost is paid only by a plan in which some row drafts with it; a plan without the
+        model counts as a plain step for probing, so an untrained model draft is still probed now
+        and then (one model token for the rows without a match).
+        """
+        n = len(alphas)
+        k_limit = min(max([*limits, *free_lengths], default=0), self.k_max)
+        best, plan = n / self.target_s(n), (0, [False] * n, False)  # plain
+        for k in range(1, k_limit + 1):
+            verify = self.target_s(n * (k + 1))
+            free_gain = [expected_tokens(f, min(k, length)) if length else 1.0
+                         for f, length in zip(free_alphas, free_lengths, strict=True)]  # fmt: skip
+            model_gain = [expected_tokens(a, min(k, lim)) for a, lim in zip(alphas, limits, strict=True)]
+            if any(free_lengths):  # without the model: rows with a match copy, the others decode plainly
+                rate = sum(free_gain) / verify
+                if rate > best:
+                    best, plan = rate, (k, [length > 0 for length in free_lengths], False)
+            use_free = [length > 0 and f >= m for length, f, m in zip(free_lengths, free_gain, model_gain, strict=True)]
+            model_rows = sum(1 for lim, free in zip(limits, use_free, strict=True) if lim > 0 and not free)
+            if model_rows:  # with the model, for the rows it serves better
+                gain = sum(f if free else m for free, f, m in zip(use_free, free_gain, model_gain, strict=True))
+                rate = gain / (k * self.draft_s(model_rows) + verify)
+                if rate > best:
+                    best, plan = rate, (k, use_free, True)
+        k, use_free, with_model = plan
+        model_k = k if with_model else 0
+        if with_model:
+            self._plain_steps, self._probe_wait = 0, 0
+        else:
+            self._plain_steps += 1
+            wait = self._probe_wait or self.probe_every
+            if self._plain_steps >= wait:  # a probe: one model token for the rows without a match
+                self._plain_steps = 0
+                self._probe_wait = min(2 * wait, self.probe_every * self.max_probe_backoff)
+                model_k = 1
+        ks = [min(k, length) if free else min(model_k, lim)
+              for free, length, lim in zip(use_free, free_lengths, limits, strict=True)]  # fmt: skip
+        return ks, use_free
+
+    def observe_free(self, alpha: float, drafted: int, num_accepted: int, key=None) -> float:
+        """A row of `key` proposed `drafted` free tokens and num_accepted were kept; as observe_row,
+        for the free source's own estimates."""
+        return self._observe(self.free_overall, self.free_alphas, alpha, drafted, num_accepted, key)
+
     def observe_step(
         self,
         rows: int,
@@ -214,13 +283,16 @@ class DynamicK:
         a draft that misses is believed after a dozen tokens, not after a hundred (an untrained
         draft then stops drafting in the first request or two, not the first dozen).
         """
+        return self._observe(self.overall, self.alphas, alpha, k, num_accepted, key)
+
+    def _observe(self, overall: Acceptance, per_key: dict, alpha: float, k: int, num_accepted: int, key) -> float:
         if not k:
             return alpha
         trials = num_accepted + (num_accepted < k)
         observed = num_accepted / trials
         keep = (1.0 - 1.0 / self.window) ** trials
-        self.overall.observe(num_accepted, trials, keep)
-        self.alphas.setdefault(key, Acceptance(alpha)).observe(num_accepted, trials, keep)
+        overall.observe(num_accepted, trials, keep)
+        per_key.setdefault(key, Acceptance(alpha)).observe(num_accepted, trials, keep)
         return _ema(alpha, observed, min(0.5, 0.3 * trials))
 
     def new_draft(self, expected_alpha: float | None) -> None:

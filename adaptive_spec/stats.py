@@ -25,6 +25,7 @@ class StepStats:
     draft_forwards: int
     draft_s: float
     verify_s: float
+    free: bool = False  # the drafted tokens were a free proposal (copied, no model forward)
 
 
 @dataclass
@@ -39,6 +40,8 @@ class RequestStats:
     verify_s: float = 0.0
     wall_s: float = 0.0
     adapter_version: str | None = None
+    free_drafted: int = 0  # of `drafted`, tokens of free proposals (ngram+ drafts: copied, no forward)
+    free_accepted: int = 0  # of `accepted`, those the free proposals got
     accepted_per_pos: list[int] = field(default_factory=list)  # [k_max] accepted at draft position i
     drafted_per_pos: list[int] = field(default_factory=list)  # [k_max] drafted at draft position i
 
@@ -50,6 +53,9 @@ class RequestStats:
         self.draft_forwards += step.draft_forwards
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
+        if step.free:
+            self.free_drafted += step.drafted
+            self.free_accepted += step.accepted
         grow = step.drafted - len(self.drafted_per_pos)
         if grow > 0:
             self.drafted_per_pos += [0] * grow
@@ -82,4 +88,6 @@ class RequestStats:
             "adapter_version": self.adapter_version,
             "accepted_per_pos": list(self.accepted_per_pos),
             "drafted_per_pos": list(self.drafted_per_pos),
+            "free_drafted": self.free_drafted,
+            "free_accepted": self.free_accepted,
         }

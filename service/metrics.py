@@ -46,6 +46,14 @@ class ServiceMetrics:
         self.num_drafts = self._counter("spec_decode_num_drafts", "Steps that drafted at least one token.", spec)
         self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens", "Draft tokens verified.", spec)
         self.num_accepted_tokens = self._counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec)
+        self.num_free_draft_tokens = self._counter(
+            "spec_decode_num_free_draft_tokens",
+            "Of the draft tokens verified, those copied by ngram+ drafts (context or n-gram index, no forward).",
+            spec,
+        )
+        self.num_free_accepted_tokens = self._counter(
+            "spec_decode_num_free_accepted_tokens", "Of the draft tokens accepted, those copied by ngram+ drafts.", spec
+        )
         self.num_target_forwards = self._counter(
             "spec_decode_num_target_forwards",
             "Decoding steps (target forwards) of finished requests: mean acceptance length = emitted / "
@@ -126,6 +134,8 @@ class ServiceMetrics:
         self.num_drafts.labels(version, domain).inc(drafts)
         self.num_draft_tokens.labels(version, domain).inc(stats.drafted)
         self.num_accepted_tokens.labels(version, domain).inc(stats.accepted)
+        self.num_free_draft_tokens.labels(version, domain).inc(stats.free_drafted)
+        self.num_free_accepted_tokens.labels(version, domain).inc(stats.free_accepted)
         self.num_target_forwards.labels(version, domain).inc(stats.target_forwards)
         self.num_emitted_tokens.labels(version, domain).inc(stats.emitted)
         for position, accepted in enumerate(stats.accepted_per_pos):

@@ -8,6 +8,9 @@ a request's n choices:
                               "acceptance_rate": 0.75, "mean_acceptance_length": 4.0,
                               "adapter_version": "3"}}
 
+Drafts that copy (`ngram+head`, `ngram+early-exit:N`) add `num_free_draft_tokens` and
+`num_free_accepted_tokens`: the share of the draft and accepted tokens that were copied from the
+context or the adapter's n-gram index, with no draft forward (0 for other drafts).
 `mean_acceptance_length` is tokens emitted per target forward (`RequestStats`): 30 accepted
 plus one recovered or bonus token per forward over 10 forwards = 4.0. `adapter_version` is
 null for the base draft. The prompt is counted once however many choices share it.
@@ -53,6 +56,8 @@ def usage(prompt_tokens: int, outputs: list[GenerationOutput]) -> dict:
         "spec_decode": {
             "num_draft_tokens": drafted,
             "num_accepted_tokens": accepted,
+            "num_free_draft_tokens": sum(s.free_drafted for s in stats),  # copied by ngram+ drafts
+            "num_free_accepted_tokens": sum(s.free_accepted for s in stats),
             "num_drafts": sum(s.drafted_per_pos[0] if s.drafted_per_pos else 0 for s in stats),
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_acceptance_length": emitted / forwards if forwards else None,

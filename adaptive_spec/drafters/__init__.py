@@ -37,6 +37,7 @@ class Proposal:
     probs: torch.Tensor | None  # [n, vocab] the distribution each token was drawn from; None = deterministic
     forwards: int = 0  # draft model forward passes spent on this row
     fed: int = 0  # context tokens the first forward fed: 1-2 normally, more to catch up after plain steps
+    free: bool = False  # copied from the context or an n-gram index (free_first.py), no model forward
 
 
 def no_proposal(device: torch.device) -> Proposal:

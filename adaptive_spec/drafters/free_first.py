@@ -6,9 +6,12 @@
 Answers often quote their prompt: identifiers, code, JSON keys, table names. Prompt lookup
 (`ngram.py`) proposes such continuations with no forward at all. For each row that drafts, this
 drafter first looks up the row's own context, then the n-gram index its adapter learnt from
-recent outputs of its domain (`AdapterSlot.ngrams`, when the trainer shipped one); a match of at
-least `min_match` tokens is proposed as it is, and only the other rows go through the model
-draft, in one batched forward per draft token as usual. Example: a row whose context ends in
+recent outputs of its domain (`AdapterSlot.ngrams`, when the trainer shipped one). A match of at
+least `min_match` tokens (`matches`) is a free proposal. With dynamic k the policy decides, row
+by row, whether the row copies its match or drafts with the model, each source judged by its own
+measured acceptance and cost (dynamic_k.py `choose_sources`); with a fixed k a match is always
+copied. Only the rows that do not copy go through the model draft, in one batched forward per
+draft token as usual. Example: a row whose context ends in
 `SELECT name FROM` and holds `SELECT name FROM users WHERE` earlier proposes `users WHERE`
 for free, while a chat row in the same batch drafts with the head.
 
@@ -38,14 +41,27 @@ class FreeFirstDrafter:
         # restrict_vocab, keep_after_commit, wants_target_hidden, vocab, head...
         return getattr(self.model, name)
 
-    def propose(self, cache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
-        free = [self._free(row, k) if k else [] for row, k in zip(rows, ks, strict=True)]
-        use_free = [len(tokens) >= min(self.min_match, k) and bool(tokens) for tokens, k in zip(free, ks, strict=True)]
-        model_ks = [0 if chosen else k for chosen, k in zip(use_free, ks, strict=True)]
+    def matches(self, rows: list[DraftRow], limits: list[int]) -> list[list[int]]:
+        """Each row's free proposal of at most `limits[i]` tokens: [] where it has no match worth a
+        verify slot. The policy (dynamic_k.py `choose_sources`) decides which rows use theirs."""
+        free = [self._free(row, k) if k else [] for row, k in zip(rows, limits, strict=True)]
+        return [tokens if len(tokens) >= min(self.min_match, k) else [] for tokens, k in zip(free, limits, strict=True)]
+
+    def propose(
+        self, cache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+    ) -> list[Proposal]:
+        """Up to ks[i] tokens per row: `free[i]` when given and not empty (the policy chose the row's
+        match), else the model's. Without `free`, every row with a match uses it."""
+        if free is None:
+            free = self.matches(rows, ks)
+        free = [tokens[:k] for tokens, k in zip(free, ks, strict=True)]
+        model_ks = [0 if tokens else k for tokens, k in zip(free, ks, strict=True)]
         proposals = self.model.propose(cache, rows, model_ks)
-        for i, chosen in enumerate(use_free):
-            if chosen:
-                proposals[i] = Proposal(torch.tensor(free[i], dtype=torch.long, device=self.lookup.device), None)
+        for i, tokens in enumerate(free):
+            if tokens:
+                proposals[i] = Proposal(
+                    torch.tensor(tokens, dtype=torch.long, device=self.lookup.device), None, free=True
+                )
         return proposals
 
     def _free(self, row: DraftRow, k: int) -> list[int]:

@@ -245,7 +245,10 @@ def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[
 
 
 def _extras(figures: dict) -> dict:
-    return {key: figures[key] for key in ("target_tok_s", "spec_tok_s", "drafted", "accepted")}
+    return {
+        key: figures[key]
+        for key in ("target_tok_s", "spec_tok_s", "drafted", "accepted", "free_drafted", "free_accepted")
+    }
 
 
 def _train(trainer, stop: threading.Event, deadline: float) -> None:

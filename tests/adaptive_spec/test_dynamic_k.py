@@ -162,6 +162,82 @@ def test_rows_that_may_not_draft_count_one_token_each() -> None:
     assert policy.choose(alphas, [0, 0, 0, 0]) == 0
 
 
+# --- free proposals (ngram+ drafts): a second source with its own acceptance and no draft cost ------
+
+
+def head_policy() -> DynamicK:
+    """The docstring's target costs with a head draft at 0.05 of a target forward."""
+    policy = docstring_policy()
+    policy.draft = StepCosts()
+    for rows in (1, 2, 4, 8):
+        policy.draft.observe(rows, 0.05 * policy.target_s(rows))
+    return policy
+
+
+def test_choose_sources_worked_example() -> None:
+    policy = head_policy()
+    model_rate = expected_tokens(0.3, 1) / (policy.draft_s(1) + policy.target_s(2))
+    free_rate = expected_tokens(0.8, 3) / policy.target_s(4)
+    assert (model_rate, free_rate) == (pytest.approx(38.7, abs=0.05), pytest.approx(62.8, abs=0.05))
+    assert policy.choose_sources([0.3], [8], [0.8], [4]) == ([3], [True])  # copy 3 of the match's 4 tokens
+    assert policy.choose_sources([0.3], [8], [0.2], [4]) == ([1], [False])  # a poor match: the model's k = 1
+    assert policy.choose_sources([0.3], [8], [0.8], [0]) == ([policy.choose([0.3], [8])], [False])  # no match
+
+
+def plan_rate(policy: DynamicK, ks: list[int], use_free: list[bool], alphas, free_alphas) -> float:
+    """Tokens per second of a step where row i drafts ks[i] tokens from its free match or the model."""
+    n, width = len(ks), max(ks) + 1
+    model_rows = sum(1 for k, free in zip(ks, use_free, strict=True) if k and not free)
+    gains = [
+        expected_tokens(f if free else a, k) for a, f, k, free in zip(alphas, free_alphas, ks, use_free, strict=True)
+    ]
+    draft = max((k for k, free in zip(ks, use_free, strict=True) if not free), default=0) * policy.draft_s(model_rows)
+    return sum(gains) / ((draft if model_rows else 0.0) + policy.target_s(n * width))
+
+
+def test_choose_sources_picks_the_best_plan_for_the_batch() -> None:
+    """Brute force over every k and every plan: the model for all rows, the model for all but the row
+    with a match, or the model for none (the match copies, the others decode plainly). The plan
+    chosen has the best rate, where the model's forwards are paid only when some row drafts with it."""
+    policy = head_policy()
+    for rows, alpha, free_alpha, length in itertools.product([1, 2, 4], [0.05, 0.5, 0.9], [0.1, 0.6, 0.95], [0, 2, 6]):
+        alphas, frees, lengths = [alpha] * rows, [free_alpha] * rows, [length] + [0] * (rows - 1)
+        plans = [([0] * rows, [False] * rows)]
+        for k in range(1, 9):
+            plans.append(([k] * rows, [False] * rows))
+            if length:
+                copied = min(k, length)
+                plans.append(([copied] + [0] * (rows - 1), [True] + [False] * (rows - 1)))
+                plans.append(([copied] + [k] * (rows - 1), [True] + [False] * (rows - 1)))
+        best = max(plan_rate(policy, ks, free, alphas, frees) for ks, free in plans)
+        ks, use_free = policy.choose_sources(alphas, [8] * rows, frees, lengths)
+        assert not any(use_free[1:]) and (length or not use_free[0])  # only a row with a match copies
+        got = plan_rate(policy, ks, use_free, alphas, frees)
+        assert got == pytest.approx(best, rel=0.02), (rows, alpha, free_alpha, length, ks, use_free)
+
+
+def test_free_acceptance_is_kept_apart_from_the_models() -> None:
+    policy = DynamicK()
+    key = ("python", "3")
+    for _ in range(20):
+        policy.observe_free(0.5, 4, 4, key)  # every copied token accepted
+        policy.observe_row(0.5, 2, 0, key)  # every model token rejected
+    assert policy.free_alpha_for(key) > 0.9
+    assert policy.alpha_for(key) < 0.1
+    assert policy.free_alpha_for(("sql", None)) > 0.9  # an unseen key starts from the engine-wide free figure
+    assert policy.alpha_for(("sql", None)) < 0.1
+
+
+def test_a_plan_without_the_model_counts_toward_its_probe() -> None:
+    """An untrained model draft beside a free match: the row with the match copies on every step and
+    the other decodes plainly, except every probe_every-th step, where the model drafts it one token."""
+    policy = head_policy()
+    policy.probe_every, policy.max_probe_backoff = 4, 1
+    plans = [policy.choose_sources([0.01, 0.01], [8, 8], [1.0, 1.0], [4, 0]) for _ in range(8)]
+    assert all(use_free == [True, False] and ks[0] == 4 for ks, use_free in plans)
+    assert [ks[1] for ks, _ in plans] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
 # --- probing --------------------------------------------------------------------------------------
 
 

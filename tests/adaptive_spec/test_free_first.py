@@ -20,6 +20,7 @@ from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+from adaptive_spec.dynamic_k import Acceptance, StepCosts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
 from test_adapters import make_adapter
@@ -55,11 +56,11 @@ def test_a_row_with_a_match_copies_and_the_others_use_the_model() -> None:
     assert fresh.slot == 1 and repeating.slot == 0
 
 
-def test_the_index_a_version_ships_gives_free_proposals_and_the_output_stays_the_targets(tmp_path) -> None:
-    """`ngram+early-exit:1` with an adapter whose n-gram index holds this prompt's continuation (as the
-    trainer writes it from earlier outputs) copies it with no draft forward; greedy output is unchanged."""
+def indexed_engine(tmp_path: Path, draft: str) -> tuple[Engine, list[int], list[int]]:
+    """An engine whose adapter ships an n-gram index holding this prompt's greedy continuation, as the
+    trainer writes it from earlier outputs: (engine, prompt, the target's own 24 tokens)."""
     target = tiny_target(0)
-    engine = Engine(target, "ngram+early-exit:1", eos_token_id=[])
+    engine = Engine(target, draft, eos_token_id=[])
     prompt = [3, 41, 77, 12, 90, 25]  # no repeat: prompt lookup alone has nothing to copy at first
     expected = engine.generate(prompt, 24, speculative=False).token_ids
     version = AdapterDir(tmp_path / "v1")
@@ -68,7 +69,13 @@ def test_the_index_a_version_ships_gives_free_proposals_and_the_output_stays_the
     version.seal(version=1)
     engine.load_adapter(version.path)
     assert engine.adapters.general.ngrams
+    return engine, prompt, expected
 
+
+def test_the_index_a_version_ships_gives_free_proposals_and_the_output_stays_the_targets(tmp_path) -> None:
+    """`ngram+early-exit:1` with an adapter whose n-gram index holds this prompt's continuation copies
+    it with no draft forward; greedy output is unchanged."""
+    engine, prompt, expected = indexed_engine(tmp_path, "ngram+early-exit:1")
     indexed = engine.generate(prompt, 24, k=4)
     engine.adapters.general.ngrams = None  # the same adapter without its index
     modelled = engine.generate(prompt, 24, k=4)
@@ -78,3 +85,27 @@ def test_the_index_a_version_ships_gives_free_proposals_and_the_output_stays_the
     assert indexed.stats.target_forwards < modelled.stats.target_forwards
     assert indexed.stats.draft_forwards < modelled.stats.draft_forwards  # free proposals cost no forward
     assert indexed.stats.mean_acceptance_length >= 3.0  # k = 4: nearly every proposal is the target's
+    assert indexed.stats.free_drafted == indexed.stats.drafted  # every proposal was copied
+
+
+def test_dynamic_k_copies_free_matches_even_where_the_model_draft_does_not_pay(tmp_path) -> None:
+    """Each source has its own acceptance (dynamic_k.py `choose_sources`): an untrained model draft is not
+    worth a draft forward (its acceptance set to 0 here), so dynamic k would decode plainly; the index's matches cost none and are
+    accepted, so they are still proposed, several tokens at a time. Greedy output is the target's."""
+    engine, prompt, expected = indexed_engine(tmp_path, "ngram+early-exit:1")
+    engine.policy.alphas[(None, "1")] = Acceptance(0.0, accepted=0.0, drafted=1000.0)  # the model does not pay
+    # Fixed costs, shaped like the default model's on this CPU (31 ms a token, 47 ms for four): the
+    # choice must follow acceptance here, not the timing jitter of a tiny model on a busy machine.
+    engine.policy.target = StepCosts(seconds={1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107})
+    engine.policy.observe_step = lambda *args, **kwargs: None
+    out = engine.generate(prompt, 24)  # k=None: dynamic
+    stats = out.stats
+    print(f"\n{stats.as_dict()}")
+    assert out.token_ids == expected
+    assert stats.free_drafted == stats.drafted and stats.free_accepted > 0  # before: k = 0, nothing drafted
+    assert stats.draft_forwards <= 2  # at most a probe of the model draft
+
+    engine.adapters.general.ngrams = None  # without the index, the same policy decodes (nearly) plainly
+    plain = engine.generate(prompt, 24)
+    assert plain.token_ids == expected
+    assert plain.stats.target_forwards > stats.target_forwards

@@ -254,6 +254,11 @@ def test_models_health_and_metrics(server, tiny_engine):
         == spec["num_accepted_tokens"]
     )
     assert metric(server, "adaptive_spec:spec_decode_num_drafts_total", domain="metrics-test") == spec["num_drafts"]
+    free = metric(server, "adaptive_spec:spec_decode_num_free_draft_tokens_total", domain="metrics-test")
+    assert free == spec["num_free_draft_tokens"] <= spec["num_draft_tokens"]
+    assert 'adaptive_spec:spec_decode_num_free_draft_tokens_total{adapter_version="base",domain="metrics-test"}' in (
+        httpx.get(server.url + "/metrics").text
+    )
     per_pos = metric(server, "adaptive_spec:spec_decode_num_accepted_tokens_per_pos_total", domain="metrics-test")
     assert per_pos == spec["num_accepted_tokens"]
     assert metric(server, "adaptive_spec:request_success_total", domain="metrics-test", finished_reason="length") == 1
