@@ -256,14 +256,16 @@ class Batch:
         fixed = [row.request.k for row in self.rows]
         matches_of = getattr(engine.drafter, "matches", None)
         if matches_of is None:
-            k = policy.choose([self.rows[i].alpha for i in dynamic], [limits[i] for i in dynamic]) if dynamic else 0
+            profiles = [policy.profile_for(self.rows[i].key, self.rows[i].alpha) for i in dynamic]
+            k = policy.choose(profiles, [limits[i] for i in dynamic]) if dynamic else 0
             return [min(k if want is None else want, lim) for want, lim in zip(fixed, limits, strict=True)], None
         caps = [min(lim, policy.k_max if want is None else want) for want, lim in zip(fixed, limits, strict=True)]
         free = matches_of(self.rows, caps)  # a row of fixed k uses its match whenever it has one
         ks = [0 if want is None else min(want, lim) for want, lim in zip(fixed, limits, strict=True)]
         if dynamic:
             rows = [self.rows[i] for i in dynamic]
-            chosen, use_free = policy.choose_sources([row.alpha for row in rows], [limits[i] for i in dynamic],
+            profiles = [policy.profile_for(row.key, row.alpha) for row in rows]
+            chosen, use_free = policy.choose_sources(profiles, [limits[i] for i in dynamic],
                                                      [row.free_alpha for row in rows], [len(free[i]) for i in dynamic])  # fmt: skip
             for i, k, copies in zip(dynamic, chosen, use_free, strict=True):
                 ks[i] = k

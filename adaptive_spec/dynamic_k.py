@@ -36,6 +36,12 @@ of a target forward over as many rows (4.6 ms for one row, 7.1 ms for four):
   one, up to `probe_every * max_probe_backoff` steps; the wait starts over when drafting pays or
   the draft changes (an adapter swap).
 
+Acceptance is rarely the same at every draft position: a head that reads the target's true state
+for its first token and its own prediction for the next ones (drafters/head.py) was accepted 0.75
+of the time at the first and 0.01 at the second in one measurement. A single alpha would average
+the two and draft too deep, so each key also keeps acceptance by position (`Acceptance.profile`),
+and `choose` ranks k on the row's profile (`profile_for`): 1 + a0 + a0 a1 + ... tokens.
+
 Free drafts (`ngram+head`, `ngram+early-exit:N`, drafters/free_first.py) are a second source with
 its own acceptance and no draft cost: a row whose context (or its adapter's n-gram index) has a
 match may propose those tokens for nothing but the verify's wider width. `choose_sources` weighs
@@ -59,14 +65,28 @@ persist across requests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens emitted per target forward when drafting k, each accepted with probability alpha."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
+    """Tokens emitted per target forward when drafting k, each accepted with probability alpha.
+
+    `alpha` may be a profile instead: per draft position j (0-based), the chance that token j is
+    accepted given that all before it were (positions past its end repeat its last value). Then
+    tokens = 1 + a0 + a0 a1 + ... + a0 ... a(k-1). Example: a head whose first token is accepted
+    0.7 of the time and whose second almost never, [0.7, 0.02], gives 1.7 tokens at k = 1 and
+    1.714 at k = 2, not the 2.19 a single alpha of 0.7 promises.
+    """
+    if not isinstance(alpha, Sequence):
+        if alpha >= 1.0:
+            return k + 1.0
+        return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    tokens, run = 1.0, 1.0
+    for j in range(k):
+        run *= alpha[min(j, len(alpha) - 1)]
+        tokens += run
+    return tokens
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -119,18 +139,43 @@ class Acceptance:
 
     estimate = (accepted + prior * m) / (drafted + m), where m pseudo-tokens stand for the prior:
     the mean of a Beta posterior whose old evidence decays by `keep` per new token.
+
+    The same counts by draft position (`reached`, `kept`: how often position j was verified with
+    every token before it accepted, and how often it was accepted then) give the profile: how
+    acceptance falls from the first draft token to the later ones (`profile`).
     """
 
     prior: float
     accepted: float = 0.0
     drafted: float = 0.0
+    reached: list[float] = field(default_factory=list)
+    kept: list[float] = field(default_factory=list)
 
-    def observe(self, accepted: int, drafted: int, keep: float) -> None:
+    def observe(self, accepted: int, drafted: int, keep: float, k: int = 0) -> None:
+        """`accepted` of `drafted` trials (accepted tokens plus the rejected one); `k`: the tokens the
+        step drafted, for the profile (0: not by position)."""
         self.accepted = keep * self.accepted + accepted
         self.drafted = keep * self.drafted + drafted
+        if not k:
+            return
+        if len(self.reached) < k:
+            self.reached += [0.0] * (k - len(self.reached))
+            self.kept += [0.0] * (k - len(self.kept))
+        self.reached = [keep * value for value in self.reached]
+        self.kept = [keep * value for value in self.kept]
+        for j in range(min(accepted + 1, k)):  # positions verified with all before them accepted
+            self.reached[j] += 1
+            self.kept[j] += j < accepted
 
     def estimate(self, prior_trials: float) -> float:
         return (self.accepted + self.prior * prior_trials) / (self.drafted + prior_trials)
+
+    def profile(self, prior_trials: float) -> list[float]:
+        """Per draft position, the chance it is accepted given all before it were, each from the
+        overall estimate counted as `prior_trials` tokens: a position seldom reached stays near it."""
+        overall = self.estimate(prior_trials)
+        return [(kept + overall * prior_trials) / (reached + prior_trials)
+                for reached, kept in zip(self.reached, self.kept, strict=True)]  # fmt: skip
 
 
 @dataclass
@@ -164,6 +209,19 @@ class DynamicK:
         known = self.free_alphas.get(key)
         return (known or self.free_overall).estimate(self.prior_trials)
 
+    def profile_for(self, key, alpha: float) -> float | list[float]:
+        """A row's acceptance by draft position, for `choose`: the shape its key measured (how
+        acceptance falls from the first draft token to the later ones) scaled to the row's own
+        estimate `alpha`; `alpha` alone while the key has no positions measured. Example: a key whose
+        head is accepted 0.7 at the first token and 0.02 at the second, pooled 0.45, and a row at
+        0.45 give [0.7, 0.02], so k = 1; a single alpha of 0.45 would have asked for k = 2 or 3."""
+        known = self.alphas.get(key)
+        if known is None or not known.reached:
+            return alpha
+        overall = known.estimate(self.prior_trials)
+        scale = alpha / overall if overall > 0 else 1.0
+        return [min(0.999, value * scale) for value in known.profile(self.prior_trials)]
+
     @property
     def engine_alpha(self) -> float:
         """The engine-wide estimate: where a row of an unseen key without a gated figure starts."""
@@ -177,9 +235,10 @@ class DynamicK:
         measured = self.draft.estimate(rows)
         return measured if measured is not None else self.prior_draft_cost * self.target_s(rows)
 
-    def choose(self, alphas: list[float], limits: list[int]) -> int:
-        """The k for the next step of a batch whose rows have these acceptance estimates and may
-        draft at most `limits[i]` tokens (0: the row decodes plainly this step)."""
+    def choose(self, alphas: list[float | Sequence[float]], limits: list[int]) -> int:
+        """The k for the next step of a batch whose rows have these acceptance estimates (each a
+        number or a profile by draft position, `profile_for`) and may draft at most `limits[i]`
+        tokens (0: the row decodes plainly this step)."""
         k_limit = min(max(limits, default=0), self.k_max)
         if k_limit <= 0:
             return 0
@@ -202,7 +261,11 @@ class DynamicK:
         return 1
 
     def choose_sources(
-        self, alphas: list[float], limits: list[int], free_alphas: list[float], free_lengths: list[int]
+        self,
+        alphas: list[float | Sequence[float]],
+        limits: list[int],
+        free_alphas: list[float],
+        free_lengths: list[int],
     ) -> tuple[list[int], list[bool]]:
         """Per row, how many tokens to draft next step and whether they are its free match (True) or
         the model's (False). `free_lengths[i]`: tokens of row i's free match (0: none), at most its
@@ -292,7 +355,7 @@ class DynamicK:
         observed = num_accepted / trials
         keep = (1.0 - 1.0 / self.window) ** trials
         overall.observe(num_accepted, trials, keep)
-        per_key.setdefault(key, Acceptance(alpha)).observe(num_accepted, trials, keep)
+        per_key.setdefault(key, Acceptance(alpha)).observe(num_accepted, trials, keep, k)
         return _ema(alpha, observed, min(0.5, 0.3 * trials))
 
     def new_draft(self, expected_alpha: float | None) -> None:

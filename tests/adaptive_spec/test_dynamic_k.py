@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from adaptive_spec.dynamic_k import DynamicK, StepCosts, expected_tokens
+from adaptive_spec.dynamic_k import Acceptance, DynamicK, StepCosts, expected_tokens
 
 # The module docstring's machine: a target forward over 1 / 2 / 4 / 8 / 16 tokens, in seconds.
 TARGET_S = {1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107}
@@ -236,6 +236,47 @@ def test_a_plan_without_the_model_counts_toward_its_probe() -> None:
     plans = [policy.choose_sources([0.01, 0.01], [8, 8], [1.0, 1.0], [4, 0]) for _ in range(8)]
     assert all(use_free == [True, False] and ks[0] == 4 for ks, use_free in plans)
     assert [ks[1] for ks, _ in plans] == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+# --- acceptance by draft position -------------------------------------------------------------------
+
+
+def test_expected_tokens_of_a_profile() -> None:
+    assert expected_tokens([0.7, 0.02], 1) == pytest.approx(1.7)
+    assert expected_tokens([0.7, 0.02], 2) == pytest.approx(1.714)
+    assert expected_tokens([0.7, 0.02], 3) == pytest.approx(1.714 + 0.7 * 0.02 * 0.02)  # the last value repeats
+    for alpha, k in itertools.product([0.1, 0.6, 0.95], range(6)):
+        assert expected_tokens([alpha], k) == pytest.approx(expected_tokens(alpha, k))
+
+
+def test_acceptance_counts_each_position_reached() -> None:
+    counts = Acceptance(0.5)
+    counts.observe(1, 2, keep=1.0, k=3)  # drafted 3: first accepted, second rejected, third never verified
+    counts.observe(3, 3, keep=1.0, k=3)  # all three accepted
+    assert counts.reached == [2, 2, 1] and counts.kept == [2, 1, 1]
+    assert counts.accepted == 4 and counts.drafted == 5
+    profile = counts.profile(prior_trials=2.0)
+    overall = counts.estimate(2.0)  # (4 + 0.5 * 2) / (5 + 2)
+    assert profile == pytest.approx([(2 + 2 * overall) / 4, (1 + 2 * overall) / 4, (1 + 2 * overall) / 3])
+
+
+def test_a_draft_accepted_only_at_its_first_position_drafts_one_token() -> None:
+    """A head's measured shape: 0.8 at the first draft token, about 0 at the second. Mostly drafting
+    one token, its pooled acceptance looks like 0.7 and asks for k >= 2 (then falls, then rises:
+    the policy swings); by position, k = 1 throughout."""
+    policy = head_policy()
+    key = ("python", "3")
+    for step in range(400):
+        first_accepted = step % 5 != 0  # 4 in 5
+        k = 2 if step % 8 == 1 else 1  # now and then a deeper draft, whose second token misses
+        policy.observe_row(0.5, k, 1 if first_accepted else 0, key)
+    pooled = policy.alpha_for(key)
+    assert pooled > 0.68
+    assert policy.choose([pooled], [8]) >= 2
+    profile = policy.profile_for(key, pooled)
+    assert profile[0] == pytest.approx(0.8, abs=0.08) and profile[1] < 0.2
+    assert policy.choose([profile], [8]) == 1
+    assert policy.profile_for(("sql", None), 0.4) == 0.4  # a key with nothing measured: its alpha alone
 
 
 # --- probing --------------------------------------------------------------------------------------
