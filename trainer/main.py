@@ -60,6 +60,7 @@ class TrainSettings:
     checkpoint_every_s: float = 30.0
     min_new_records: int = 16
     round_steps: int = 20
+    max_round_steps: int = 100  # on slow traffic a round keeps training up to this many steps (OnlineSettings)
     gate_min_positions: int = 128  # held-out positions before the first decision (trainer/decision.py)
     gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
     max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
@@ -134,6 +135,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         ),
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
+        max_round_steps=settings.max_round_steps,
         max_domains=settings.max_domains,
     )
     trainer = OnlineTrainer(

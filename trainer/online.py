@@ -16,7 +16,8 @@ The loop (`run`), one verb each:
   which also says when entries are acknowledged): the general adapter's, and each tagged domain's
   own (trainer/domains.py: one adapter per domain, up to `max_domains`);
 - `train_round(lineage)`, for the lineage `next_lineage()` names once `min_new_records` new training
-  records of its own have arrived: `round_steps` optimiser steps from its champion on its buffer,
+  records of its own have arrived: `round_steps` optimiser steps from its champion on its buffer
+  (more, up to `max_round_steps`, while the next round would still be waiting for records),
   then candidate and champion (the base draft with adapters disabled before any version; for a
   domain without one, the general adapter) are scored with `draft_agreement` on one snapshot of its
   held-out set, and the gate judges (trainer/decision.py). A winner becomes `adapters_dir/vNNNN`
@@ -42,6 +43,7 @@ owns `draft_model`: PEFT injects the LoRA layers into it in place.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -92,6 +94,9 @@ class OnlineSettings:
     buffer_tokens: int = 200_000  # replay buffer size, in input tokens
     min_new_records: int = 16  # new training records before a round
     round_steps: int = 20  # optimiser steps per round
+    # While traffic is slow, a round run() drives keeps training until min_new_records new records are in,
+    # up to this many steps: time the trainer would otherwise spend waiting (round_steps: never longer).
+    max_round_steps: int = 100
     batch_tokens: int | None = None  # input tokens sampled per step; lora.batch_tokens if None
     read_count: int = 64  # entries per XREADGROUP / XAUTOCLAIM
     drain_s: float = 5.0  # between rounds, keep reading a backlog (full reads) for up to this long
@@ -103,6 +108,8 @@ class OnlineSettings:
     def __post_init__(self) -> None:
         if self.min_new_records < 1 or self.round_steps < 1:
             raise ValueError("min_new_records and round_steps must be >= 1")
+        if self.max_round_steps < self.round_steps:
+            raise ValueError(f"max_round_steps ({self.max_round_steps}) must be >= round_steps ({self.round_steps})")
 
 
 def _part(part: str, name: str) -> property:
@@ -200,7 +207,7 @@ class OnlineTrainer:
             redis_down = False
             lineage = self.next_lineage()
             if lineage is not None:
-                self.train_round(lineage)
+                self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
                 first = max(
                     (self.general, *self.lineages), key=lambda lineage: lineage.new_records
@@ -239,9 +246,30 @@ class OnlineTrainer:
                 break
         return taken
 
-    def train_round(self, lineage: Lineage | None = None) -> RoundResult:
-        """Train `round_steps` steps from the lineage's champion (the general one by default), gate the
-        candidate on its held-out records, promote it or roll it back."""
+    def _while_waiting(self, lineage: Lineage, stop: threading.Event, deadline: float) -> Callable[[], bool]:
+        """For run(): after round_steps, keep training while the next round would still wait for records
+        (polled without blocking between steps), until stopped or past the deadline."""
+
+        def keep_training() -> bool:
+            if stop.is_set() or time.monotonic() >= deadline:
+                return False
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # the loop retries after the round
+                self.poll(block_ms=None)
+            return lineage.new_records < self.settings.min_new_records
+
+        return keep_training
+
+    def train_round(
+        self, lineage: Lineage | None = None, keep_training: Callable[[], bool] | None = None
+    ) -> RoundResult:
+        """Train `round_steps` steps from the lineage's champion (the general one by default), then more,
+        up to `max_round_steps`, while `keep_training()` says so; gate the candidate on its held-out
+        records, promote it or roll it back.
+
+        Why longer rounds on slow traffic: one user at a time brings about 8 records a minute, so with
+        16 records per round of 20 steps the trainer waited three quarters of the time, and a head
+        gains about 0.2 of first-token match per 50 steps (service/benchmarks/head_ablation.py): a
+        round of 20 moved it too little for the gate to see it, and rejected rounds are rolled back."""
         lineage = lineage or self.general
         heldout = lineage.holdout.records  # one snapshot for both sides of the gate
         waiting = self._waiting(lineage, heldout)
@@ -252,7 +280,7 @@ class OnlineTrainer:
         if lineage.domain is not None:
             lineage.champion.roll_back()  # its weights into the model (the figures may come from the cache)
         new_records, lineage.new_records = lineage.new_records, 0
-        losses, trained_ids, train_s = self._train(lineage.buffer)
+        losses, trained_ids, train_s = self._train(lineage.buffer, keep_training)
         candidate = agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
         if accepted and self._sync(lineage):  # adopting replaced the candidate's weights
@@ -391,11 +419,17 @@ class OnlineTrainer:
             return f"held-out set has {positions} positions, the gate needs {self.gate.min_positions}"
         return None
 
-    def _train(self, buffer: ReplayBuffer) -> tuple[list[float], set[str], float]:
-        """`round_steps` optimiser steps on batches sampled from `buffer`: (losses, request ids, seconds)."""
+    def _train(
+        self, buffer: ReplayBuffer, keep_training: Callable[[], bool] | None = None
+    ) -> tuple[list[float], set[str], float]:
+        """`round_steps` optimiser steps on batches sampled from `buffer`, then more while `keep_training()`
+        says so, up to `max_round_steps`: (losses, request ids, seconds)."""
         losses, trained_ids = [], set()
         started = time.perf_counter()
-        for _ in range(self.settings.round_steps):
+        settings = self.settings
+        while len(losses) < settings.round_steps or (
+            keep_training is not None and len(losses) < settings.max_round_steps and keep_training()
+        ):
             batch = buffer.sample_batch(self.rng, self.batch_tokens)
             losses.append(self.trainer.train_step(batch))
             trained_ids.update(example.request_id for example in batch)

@@ -58,6 +58,13 @@ def add_commands(commands) -> None:
         "--round-steps", type=positive_int, default=20, help="optimiser steps per round (default: %(default)s)"
     )
     train.add_argument(
+        "--max-round-steps",
+        type=positive_int,
+        default=100,
+        help="while fewer than --min-new-records new records are in, a round keeps training, up to this many "
+        "steps, instead of waiting idle (default: %(default)s; equal to --round-steps: fixed rounds)",
+    )
+    train.add_argument(
         "--gate-min-positions",
         type=positive_int,
         default=128,
@@ -104,6 +111,7 @@ def cmd_train(args) -> int:
         threads=args.threads,
         min_new_records=args.min_new_records,
         round_steps=args.round_steps,
+        max_round_steps=max(args.max_round_steps, args.round_steps),
         gate_min_positions=args.gate_min_positions,
         gate_confidence=args.gate_confidence,
         max_domains=args.max_domains,

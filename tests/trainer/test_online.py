@@ -109,7 +109,9 @@ def make_trainer(
         draft_id="early-exit:1",
         max_domains=0,  # one general adapter: these tests are about its loop (per-domain: test_domains.py)
     )
-    settings = OnlineSettings(root / "adapters", **(defaults | options))
+    options = defaults | options
+    options.setdefault("max_round_steps", options["round_steps"])  # fixed rounds, unless a test says otherwise
+    settings = OnlineSettings(root / "adapters", **options)
     stream = CorrectionStream(client, stream=stream, consumer=consumer)
     return OnlineTrainer(build_early_exit(target, 1), stream, settings, on_promote=on_promote)
 
@@ -327,6 +329,41 @@ def test_rejected_round_rolls_back_to_the_champion(target, records, redis_client
     assert trainer.last_result == result and trainer.rounds == 1
     skipped = trainer.train_round()  # no new records since
     assert not skipped.trained and "new training records" in skipped.reason and trainer.rounds == 1
+
+
+def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, records, redis_client, tmp_path):
+    """run() lets a round go on past round_steps while the next round would still wait for records,
+    up to max_round_steps, instead of idling; the round ends as soon as enough records are in."""
+    stream = "test:online:longer"
+    append(redis_client, stream, records[:64])
+    trainer = make_trainer(
+        target,
+        redis_client,
+        stream,
+        "longer",
+        tmp_path,
+        round_steps=3,
+        max_round_steps=9,
+        read_count=64,
+        gate=Gate(min_positions=1, margin=1.0),
+    )  # fmt: skip  (trains, never promotes)
+    stop = threading.Event()
+    worker = threading.Thread(target=trainer.run, args=(stop,), kwargs=dict(checkpoint_every_s=60, poll_block_ms=50))
+    worker.start()
+    try:
+        wait_for(lambda: trainer.rounds >= 1, timeout=60, what="the first round")
+    finally:
+        stop.set()
+        worker.join()
+    assert trainer.last_result.trained and trainer.last_result.steps == 9  # no traffic during it: max_round_steps
+
+    append(redis_client, stream, records[64:])  # more than min_new_records new training records
+    assert trainer.poll(block_ms=0) and trainer.drain() >= 0
+    answers = iter([True, True, False])  # records arrive after the round's 5th step
+    result = trainer.train_round(keep_training=lambda: next(answers))
+    assert result.trained and result.steps == 3 + 2
+    with pytest.raises(ValueError, match="max_round_steps"):
+        OnlineSettings(tmp_path / "x", round_steps=20, max_round_steps=10)
 
 
 # ---------------------------------------------------------------- acknowledgement
