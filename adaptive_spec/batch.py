@@ -365,9 +365,10 @@ class Batch:
         cut = len(row.out) - keep
         del row.out[keep:]
         drafted = len(proposal.tokens)
-        step = StepStats(drafted, verdict.num_accepted, len(emitted) - cut, proposal.forwards, draft_s, verify_s)
-        step.free = proposal.free
-        row.stats.add(step)
+        emitted_now = len(emitted) - cut
+        row.stats.add(
+            StepStats(drafted, verdict.num_accepted, emitted_now, proposal.forwards, draft_s, verify_s, proposal.free)
+        )
         if proposal.free:
             row.free_alpha = self.engine.policy.observe_free(row.free_alpha, drafted, verdict.num_accepted, row.key)
         else:
