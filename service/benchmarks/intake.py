@@ -211,9 +211,9 @@ class _TimedTrainer(OnlineTrainer):
         self.round_seconds: list[float] = []
         super().__init__(*args, **kwargs)
 
-    def train_round(self, lineage=None):
+    def train_round(self, lineage=None, keep_training=None):
         started = time.perf_counter()
-        result = super().train_round(lineage)
+        result = super().train_round(lineage, keep_training)
         if result.trained:
             self.round_seconds.append(time.perf_counter() - started)
         return result
