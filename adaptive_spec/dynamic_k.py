@@ -250,15 +250,24 @@ class DynamicK:
             if rate > best:
                 best_k, best = k, rate
         if best_k > 0:
-            self._plain_steps, self._probe_wait = 0, 0
+            self._model_drafted()
             return best_k
+        return 1 if self._probe_due() else 0
+
+    def _model_drafted(self) -> None:
+        """The model draft pays this step: the wait for the next probe starts over."""
+        self._plain_steps, self._probe_wait = 0, 0
+
+    def _probe_due(self) -> bool:
+        """One more step without the model draft: True when it is time to probe it with one token
+        (after `probe_every` such steps, doubling each time, up to `probe_every * max_probe_backoff`)."""
         self._plain_steps += 1
         wait = self._probe_wait or self.probe_every
         if self._plain_steps < wait:
-            return 0
+            return False
         self._plain_steps = 0
         self._probe_wait = min(2 * wait, self.probe_every * self.max_probe_backoff)
-        return 1
+        return True
 
     def choose_sources(
         self,
@@ -295,16 +304,11 @@ class DynamicK:
                 if rate > best:
                     best, plan = rate, (k, use_free, True)
         k, use_free, with_model = plan
-        model_k = k if with_model else 0
         if with_model:
-            self._plain_steps, self._probe_wait = 0, 0
-        else:
-            self._plain_steps += 1
-            wait = self._probe_wait or self.probe_every
-            if self._plain_steps >= wait:  # a probe: one model token for the rows without a match
-                self._plain_steps = 0
-                self._probe_wait = min(2 * wait, self.probe_every * self.max_probe_backoff)
-                model_k = 1
+            self._model_drafted()
+            model_k = k
+        else:  # a probe: one model token for the rows without a match
+            model_k = 1 if self._probe_due() else 0
         ks = [min(k, length) if free else min(model_k, lim)
               for free, length, lim in zip(use_free, free_lengths, limits, strict=True)]  # fmt: skip
         return ks, use_free
