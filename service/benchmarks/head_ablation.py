@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -53,8 +52,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.models import DEFAULT_MODEL
+from adaptive_spec.contracts import DEFAULT_MODEL
 from adaptive_spec.record import CorrectionRecord, record_from_output
+from service.finite import finite
 from trainer.buffer import ReplayBuffer
 from trainer.distill import examples_from_record
 from trainer.head_distill import HeadSettings, HeadTrainer
@@ -243,19 +243,8 @@ def plot(figures: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _plain(value):
-    """NaN (a chain step never reached) as null, so the file is strict JSON."""
-    if isinstance(value, float):
-        return None if math.isnan(value) else value
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
-
-
 def _write(path: Path, figures: dict) -> None:
-    path.write_text(json.dumps(_plain(figures), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from service.errors import APIError, bad_request
+from service.finite import finite
 from service.stats_queries import MAX_POINTS, RESOLUTIONS, TARGET_ALONE, figures
 from service.stats_store import StatsRecorder
 
@@ -186,15 +187,4 @@ async def _read(function, *args):
 
 
 def _json(body) -> JSONResponse:
-    return JSONResponse(_finite(body), headers={"Cache-Control": "no-store"})
-
-
-def _finite(value):
-    """NaN and infinities (e.g. gate figures over zero positions) become null: JSON has no NaN."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
+    return JSONResponse(finite(body), headers={"Cache-Control": "no-store"})
