@@ -31,6 +31,7 @@ from adaptive_spec import attention, cpu_linear
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.drafters.build import make_drafter, model_drafter, vocab_size
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.head import HeadDrafter
@@ -39,13 +40,10 @@ from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
-from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+from adaptive_spec.models import load_model, resolve_device, resolve_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
-
-DEFAULT_DRAFT = "early-exit:4"
-
 
 SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)

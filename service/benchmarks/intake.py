@@ -69,14 +69,15 @@ from adaptive_spec.contracts import (
     ADAPTERS_DIR,
     CHECKPOINT_DIR,
     CORRECTION_STREAM,
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
     PENDING_FILE,
     REDIS_URL_ENV,
     TRAINER_GROUP,
     sqlite_tracking_uri,
 )
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
-from adaptive_spec.engine import DEFAULT_DRAFT
-from adaptive_spec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+from adaptive_spec.models import load_model, resolve_device, resolve_dtype
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 from service.local_redis import RedisStartError, started_server

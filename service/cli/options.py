@@ -9,9 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from adaptive_spec.contracts import REDIS_URL_ENV
-from adaptive_spec.engine import DEFAULT_DRAFT
-from adaptive_spec.models import DEFAULT_MODEL
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, REDIS_URL_ENV
 
 DTYPES = ["auto", "fp32", "bf16", "fp16"]
 

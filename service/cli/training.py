@@ -11,9 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from adaptive_spec.contracts import DATA_DIR_ENV, REDIS_URL_ENV
-from adaptive_spec.engine import DEFAULT_DRAFT
-from adaptive_spec.models import DEFAULT_MODEL
+from adaptive_spec.contracts import DATA_DIR_ENV, DEFAULT_DRAFT, DEFAULT_MODEL, REDIS_URL_ENV
 from service.cli.options import DTYPES, confidence, non_negative_int, positive_int
 
 
