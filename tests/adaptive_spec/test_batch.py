@@ -218,9 +218,9 @@ def assert_row_matches_fresh_prefill(model, cache: kv.BatchCache, row: Row, what
     assert cached <= len(row.ids) - 1, f"{what}: {cached} cached positions for a context of {len(row.ids)}"
     fresh = model(input_ids=torch.tensor([row.ids])).logits[0, cached:]  # [tail, vocab]
     continued = kv.feed(model, copy.deepcopy(cache), [row.slot], [row.ids[cached:]], all_logits=True)[0]
-    # Float rounding moves logits by ~1e-5 relative (other matmul shapes); a wrong or stale cache
-    # entry moves them by more than 0.1.
-    torch.testing.assert_close(continued, fresh, atol=1e-5, rtol=1e-4, msg=lambda m: f"{what} of row {row.slot}: {m}")
+    # Float rounding moves logits by ~1e-5 (other matmul shapes; CI once saw 1.4e-5 on a logit of 0.009);
+    # a wrong or stale cache entry moves them by more than 0.1.
+    torch.testing.assert_close(continued, fresh, atol=1e-4, rtol=1e-4, msg=lambda m: f"{what} of row {row.slot}: {m}")
 
 
 def noisy_copy(model: torch.nn.Module) -> torch.nn.Module:
