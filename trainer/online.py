@@ -271,12 +271,14 @@ class OnlineTrainer:
         gains about 0.2 of first-token match per 50 steps (service/benchmarks/head_ablation.py): a
         round of 20 moved it too little for the gate to see it, and rejected rounds are rolled back."""
         lineage = lineage or self.general
-        heldout = lineage.holdout.records  # one snapshot for both sides of the gate
+        # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out
+        # set may grow before the candidate is promoted with the figures it scored on this snapshot
+        heldout, revision = lineage.holdout.records, lineage.holdout.revision
         waiting = self._waiting(lineage, heldout)
         if waiting:
             return self._report(RoundResult(False, False, waiting, domain=lineage.domain))
         self._sync(lineage)  # the gate must compare against what is served, and training start from it
-        champion = lineage.champion.figures(heldout, lineage.holdout.revision)
+        champion = lineage.champion.figures(heldout, revision)
         if lineage.domain is not None:
             lineage.champion.roll_back()  # its weights into the model (the figures may come from the cache)
         new_records, lineage.new_records = lineage.new_records, 0
@@ -305,7 +307,7 @@ class OnlineTrainer:
             domain=lineage.domain,
         )
         if accepted:
-            result = dataclasses.replace(result, version=self._promote(result, trained_ids, lineage).version)
+            result = dataclasses.replace(result, version=self._promote(result, trained_ids, lineage, revision).version)
         else:
             lineage.champion.roll_back()
             if lineage.domain is not None:
@@ -437,8 +439,9 @@ class OnlineTrainer:
         self.train_s += train_s
         return losses, trained_ids, train_s
 
-    def _promote(self, result: RoundResult, trained_ids: set[str], lineage: Lineage) -> AdapterVersion:
-        """Save the candidate as the next version, make it the lineage's champion, checkpoint, call on_promote."""
+    def _promote(self, result: RoundResult, trained_ids: set[str], lineage: Lineage, revision: int) -> AdapterVersion:
+        """Save the candidate as the next version, make it the lineage's champion (its figures scored on
+        held-out `revision`), checkpoint, call on_promote."""
         parent_champion = lineage.champion if lineage.champion.version is not None else self.champion
         parent = parent_champion.version
         promoted = self.versions.promote(
@@ -462,7 +465,7 @@ class OnlineTrainer:
             records_consumed=self.records_consumed,
             tokens_consumed=self.tokens_consumed,
         )
-        lineage.champion.promoted(promoted.version, promoted.sha256, result.candidate, lineage.holdout.revision)
+        lineage.champion.promoted(promoted.version, promoted.sha256, result.candidate, revision)
         if lineage.domain is not None:
             self.champion.roll_back()  # between rounds (and in checkpoints) the model holds the general champion
         self.adapters_promoted += 1

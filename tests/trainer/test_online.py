@@ -366,6 +366,33 @@ def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, rec
         OnlineSettings(tmp_path / "x", round_steps=20, max_round_steps=10)
 
 
+def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(target, records, redis_client,
+                                                                             tmp_path):  # fmt: skip
+    """A round that keeps training polls, so held-out records may arrive before its candidate is
+    promoted. The champion's cached figures are those of the round's snapshot: the next round scores
+    the champion on the grown held-out set, both sides on the same records (bench-drift --scenario
+    once lost a 67 s round to "scored on different held-out records (8 vs 4)")."""
+    stream = "test:online:grown"
+    append(redis_client, stream, records[:64])
+    promotes = Gate(min_positions=1, margin=-1.0)
+    trainer = make_trainer(target, redis_client, stream, "grown", tmp_path, round_steps=3, max_round_steps=4,
+                           read_count=128, gate=promotes)  # fmt: skip
+    assert trainer.poll(block_ms=0) == 64
+    held_before = len(trainer.holdout)
+
+    def records_arrive() -> bool:
+        append(redis_client, stream, records[64:])
+        trainer.poll(block_ms=0)
+        return False
+
+    first = trainer.train_round(keep_training=records_arrive)
+    assert first.promoted and first.candidate.records.records == held_before < len(trainer.holdout)
+    second = trainer.train_round()
+    assert second.trained, second.reason
+    assert second.champion.positions == second.candidate.positions == trainer.holdout.positions
+    assert second.champion.records.records == len(trainer.holdout), second.reason
+
+
 # ---------------------------------------------------------------- acknowledgement
 
 
