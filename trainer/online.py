@@ -491,9 +491,16 @@ class OnlineTrainer:
         return (
             f"{self.records_consumed} records ({self.tokens_consumed} tokens) consumed, {len(self.buffer)} buffered, "
             f"{len(self.holdout)} held out, {len(self.intake.unacked)} unacknowledged, {self.rounds} rounds in "
-            f"{self.train_s:.1f} s, {self.adapters_promoted} promoted, champion {self.champion.name()}"
+            f"{self.train_s:.1f} s, {self.adapters_promoted} promoted, {self._champions()}"
             + (f", last round {versus(last.candidate, last.champion)}, loss {last.loss:.4f}" if last else "")
         )
+
+    def _champions(self) -> str:
+        """With one adapter "champion v0002"; with domains "champions: general base draft, python v0001"."""
+        if not len(self.lineages):
+            return f"champion {self.champion.name()}"
+        return "champions: " + ", ".join(f"{lineage.label} {lineage.champion.name()}"
+                                         for lineage in (self.general, *self.lineages))  # fmt: skip
 
     def _dirty(self) -> bool:
         champions_changed = any(lineage.champion.changed for lineage in (self.general, *self.lineages))

@@ -146,6 +146,8 @@ def test_each_domain_trains_and_promotes_its_own_adapter(trained):
     for lineage in trainer.lineages:
         newest = max(r.version for r in promoted if r.domain == lineage.domain)
         assert lineage.champion.version == newest
+        assert f"{lineage.domain} v{newest:04d}" in trainer.progress()  # the log's progress line names each one
+    assert "champions: general " in trainer.progress()
 
 
 def test_a_domain_without_its_own_version_is_gated_against_the_general_adapter(trained):
