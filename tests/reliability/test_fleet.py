@@ -74,6 +74,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 API_KEY, ADMIN_TOKEN = "fleet-api-key", "fleet-admin-token"
 SWAP_BOUND_S = 10.0  # issue 16: every replica on a new champion within 10 s of its promotion or rollback
+# the monitor sees a swap when a /health call returns (up to 1 s each): a change that stood less than
+# the bound plus that long may have been followed in time and seen only after the next change
+MONITOR_LAG_S = 1.0
 USERS = 4
 MAX_TOKENS = 12
 # Token prompts from a narrow set (ids 3..18 of the tiny vocabulary), so a 1-layer draft can learn the traffic.
@@ -497,7 +500,7 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
     for change, seconds in swaps.items():
         assert max(seconds[label] for label in "ab") <= SWAP_BOUND_S, (change, seconds)
     for change in changes:  # every other change that lived 10 s was followed by both within 10 s
-        if change["lived_s"] > SWAP_BOUND_S:
+        if change["lived_s"] > SWAP_BOUND_S + MONITOR_LAG_S:
             assert all(isinstance(change[label], float) and change[label] <= SWAP_BOUND_S for label in "ab"), change
     assert len(tallies["a"].requests_by_version) >= 3 and len(tallies["b"].requests_by_version) >= 3
     # the dashboard on either replica: the sum of what both served, per version
