@@ -215,6 +215,7 @@ class Champion:
         self.registry_champion = state.get("registry_champion")
         self.registry_versions = dict(state.get("registry_versions") or {})
         self.adoptions = state.get("adoptions", 0)
+        self._figures = None  # scored for other weights, maybe on other held-out records
         if self.fallback is None:
             self._weights = self.trainer.lora_state()  # the checkpoint's adapter is the general champion's
         elif self.path is not None:  # a domain's champion is one of our version directories
