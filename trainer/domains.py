@@ -86,7 +86,7 @@ class DomainLineages:
     def next(self, waiting) -> Lineage | None:
         """The lineage to train next: of those with `min_new_records` new records, the one with most
         whose `waiting(lineage)` is None (its gate is ready), else the first (its round says what it waits for)."""
-        due = [lineage for lineage in (self.general, *self) if lineage.new_records >= self.settings.min_new_records]
+        due = [lineage for lineage in self.every() if lineage.new_records >= self.settings.min_new_records]
         ready = [lineage for lineage in due if waiting(lineage) is None]
         return max(ready, key=lambda lineage: lineage.new_records) if ready else (due[0] if due else None)
 
@@ -103,6 +103,10 @@ class DomainLineages:
 
     def __iter__(self):
         return iter(self.lineages.values())
+
+    def every(self) -> tuple[Lineage, ...]:
+        """The general lineage, then each domain's."""
+        return (self.general, *self.lineages.values())
 
     def __len__(self) -> int:
         return len(self.lineages)

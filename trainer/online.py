@@ -209,9 +209,7 @@ class OnlineTrainer:
             if lineage is not None:
                 self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
-                first = max(
-                    (self.general, *self.lineages), key=lambda lineage: lineage.new_records
-                )  # the nearest to a round
+                first = max(self.lineages.every(), key=lambda lineage: lineage.new_records)  # the nearest to a round
                 waiting = self._waiting(first, first.holdout.records) or "waiting for records"
                 self._report(RoundResult(False, False, waiting, domain=first.domain))
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
@@ -369,7 +367,7 @@ class OnlineTrainer:
             trainer_state(self),
         )
         self._changed = False
-        for lineage in (self.general, *self.lineages):
+        for lineage in self.lineages.every():
             lineage.champion.changed = False
         self.intake.ack(covered)
         return path
@@ -500,8 +498,8 @@ class OnlineTrainer:
         if not len(self.lineages):
             return f"champion {self.champion.name()}"
         return "champions: " + ", ".join(f"{lineage.label} {lineage.champion.name()}"
-                                         for lineage in (self.general, *self.lineages))  # fmt: skip
+                                         for lineage in self.lineages.every())  # fmt: skip
 
     def _dirty(self) -> bool:
-        champions_changed = any(lineage.champion.changed for lineage in (self.general, *self.lineages))
+        champions_changed = any(lineage.champion.changed for lineage in self.lineages.every())
         return self._changed or champions_changed or bool(self.intake.unacked)
