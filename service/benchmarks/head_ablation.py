@@ -36,6 +36,9 @@ defaults until rank 64 replaced rank 16):
     rank-4, rank-64  LoRA rank 4 or 64 (alpha = 2 r, the same scale); rank-64 is HeadSettings() now
     unroll-2       a second draft step trained on the head's own states
     lr-3e-3        the optimiser's learning rate 3e-3
+    unroll-2-rank-64  unroll 2 at rank 64 (HeadSettings(unroll=2))
+    softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
+                   (every other recipe: the batch's, HeadSettings.softmax)
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ RECIPES = {
     "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() now
     "unroll-2": BASE | {"unroll": 2},
     "lr-3e-3": BASE | {"lr": 3e-3},
+    "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
+    "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
 }
 RECORD_TOPK = 16
 
