@@ -127,6 +127,11 @@ class Champion:
         """The LoRA weights its requests draft with (the general champion's for a domain without its own)."""
         return self.fallback.weights if self.version is None and self.fallback is not None else self._weights
 
+    @property
+    def is_base_draft(self) -> bool:
+        """Its requests draft with the base draft: no version of its own, nor a general one standing in."""
+        return self._key() is None
+
     def _key(self) -> int | None:
         """Which weights: its version, else the fallback's while it stands in (version numbers are unique
         across lineages: one VersionDirs); None: the base draft."""

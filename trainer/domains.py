@@ -47,6 +47,9 @@ class Lineage:
     buffer: ReplayBuffer
     champion: Champion
     new_records: int = 0  # training records since its last round
+    # A candidate that scored ahead of the champion but not yet with the gate's confidence: its
+    # weights (`lora_state()`), which the lineage's next round trains on from (trainer/online.py).
+    carried: dict | None = None
 
     @property
     def label(self) -> str:

@@ -7,8 +7,9 @@ The simulated traffic: records of 16-96 positions, each with its own difficulty 
 chance to match the target, Beta(2, 5), mean 0.29). A candidate redraws 30% of the positions from the
 same chance (an equal candidate that still disagrees with the champion) and, for a true gain g,
 turns misses into hits (or hits into misses) on the others until its expected gain is g. The
-trainer looks after every round, so every run looks after 4, 6, ..., 40 held-out records and
-stops at the first promotion, as the trainer would.
+trainer looks after every round, and a lineage's first round also at every held-out record that
+arrives while it trains (trainer/online.py `_FirstLook`), so every run looks after 4, 5, ..., 40
+held-out records and stops at the first promotion, as the trainer would.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trainer.decision import (
 )
 from trainer.gate import GateFigures
 
-LOOKS = range(4, 41, 2)
+LOOKS = range(4, 41)
 SEEDS = range(300)
 
 

@@ -26,6 +26,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -391,6 +392,100 @@ def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(ta
     assert second.trained, second.reason
     assert second.champion.positions == second.candidate.positions == trainer.holdout.positions
     assert second.champion.records.records == len(trainer.holdout), second.reason
+
+
+class _PromotesOnRecords:
+    """A gate that promotes any candidate scored on at least `records` held-out records."""
+
+    min_positions, margin = 1, 0.0
+
+    def __init__(self) -> None:
+        self.records = math.inf
+
+    def decide(self, candidate, champion) -> tuple[bool, str]:
+        scored = candidate.records.records
+        return scored >= self.records, f"{scored} held-out records, promotes at {self.records}"
+
+
+def test_a_first_round_promotes_at_the_look_that_makes_it_certain(target, records, redis_client, tmp_path):
+    """While a lineage's champion is the base draft, held-out records that arrive during a long round
+    bring a look at the gate: the round ends at the look where the gate would promote, on the grown
+    held-out set, not after max_round_steps. With a champion of its own, a round runs its length."""
+    stream = "test:online:look"
+    append(redis_client, stream, records[:48])
+    gate = _PromotesOnRecords()
+    trainer = make_trainer(target, redis_client, stream, "look", tmp_path, round_steps=3, max_round_steps=12,
+                           min_new_records=8, read_count=128, gate=gate)  # fmt: skip
+    assert trainer.poll(block_ms=0) == 48
+    gate.records = len(trainer.holdout) + 1  # not before records arrive
+
+    def records_arrive(batch: list[CorrectionRecord]) -> Callable[[], bool]:
+        def keep_training() -> bool:
+            if batch:
+                append(redis_client, stream, batch)
+                batch.clear()
+            trainer.poll(block_ms=0)
+            return True
+
+        return keep_training
+
+    held = len(trainer.holdout)
+    first = trainer.train_round(keep_training=records_arrive(list(records[48:88])))
+    assert first.promoted and first.steps == 4, first.reason  # 3 steps, the records arrive, 1 step, the look
+    assert first.candidate.records.records == first.champion.records.records == len(trainer.holdout) > held
+    assert "after 1 look at held-out records that arrived during the round" in first.reason
+    held = len(trainer.holdout)
+    gate.records = held + 1
+    second = trainer.train_round(keep_training=records_arrive(list(records[88:])))
+    assert len(trainer.holdout) > held  # records arrived, and were not looked at: v1 is the champion now
+    assert second.trained and second.steps == 12 and "look" not in second.reason, second.reason
+    assert second.candidate.records.records == held
+
+
+class _NeverPromotes:
+    min_positions = 1
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+
+    def decide(self, candidate, champion) -> tuple[bool, str]:
+        return False, "not sure yet"
+
+
+@pytest.mark.parametrize("margin", [0.0, 1.0])
+def test_a_candidate_ahead_but_not_yet_certain_is_trained_on_in_the_next_round(margin, target, records,
+                                                                               redis_client, tmp_path):  # fmt: skip
+    """A candidate that beats its champion on the held-out records by more than the gate's margin, but
+    without the gate's confidence, is not thrown away: the next round starts from its weights. Ahead by
+    less than the margin (1.0 here), it is rolled back and the next round starts from the champion."""
+    stream = f"test:online:carry:{margin}"
+    append(redis_client, stream, records[:64])
+    trainer = make_trainer(target, redis_client, stream, "carry", tmp_path, round_steps=20, min_new_records=8,
+                           read_count=128, gate=_NeverPromotes(margin))  # fmt: skip
+    trainer.poll(block_ms=0)
+    draft, starts, ends = trainer.trainer, [], []
+    train_step = draft.train_step
+
+    def spy(batch):
+        starts.append(draft.lora_state())
+        loss = train_step(batch)
+        ends.append(draft.lora_state())
+        return loss
+
+    draft.train_step = spy
+    first = trainer.train_round()
+    assert first.trained and not first.promoted
+    assert first.candidate.greedy_match > first.champion.greedy_match  # ahead, by more than 0
+    assert first.candidate.expected_acceptance >= first.champion.expected_acceptance
+    append(redis_client, stream, records[64:])
+    trainer.poll(block_ms=0)
+    second = trainer.train_round()
+    assert second.trained and len(starts) == 40
+    candidate, champion = ends[19], starts[0]  # the first round's last weights; the base draft's
+    assert not all(torch.equal(candidate[name], champion[name]) for name in champion)
+    start = candidate if margin == 0.0 else champion
+    assert all(torch.equal(starts[20][name], start[name]) for name in start)
+    assert ("the next round trains on from this candidate" in first.reason) == (margin == 0.0), first.reason
 
 
 # ---------------------------------------------------------------- acknowledgement
