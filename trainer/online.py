@@ -290,7 +290,8 @@ class OnlineTrainer:
         losses, trained_ids, train_s = self._train(lineage.buffer, keep_training, look)
         if look is not None and look.heldout is not None:  # the held-out set grew: the gate decides on all of it
             heldout, revision, champion = look.heldout, look.revision, look.champion
-        candidate = agreement(self.trainer, heldout)
+        # the round ended at a look that promotes: the weights are those it scored, on this snapshot
+        candidate = look.candidate if look is not None and look.promotes else agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
         if look is not None and look.looks:
             reason += f" (after {look.looks} look{'s' if look.looks > 1 else ''} at held-out records that arrived during the round)"
@@ -552,18 +553,20 @@ class _FirstLook:
     record that makes it certain, not at the end of a round of up to `max_round_steps`."""
 
     def __init__(self, trainer: OnlineTrainer, lineage: Lineage, revision: int) -> None:
-        self.trainer, self.lineage, self.seen = trainer, lineage, revision
+        self.trainer, self.lineage, self.revision = trainer, lineage, revision
         self.heldout: list[CorrectionRecord] | None = None  # the last snapshot looked at; None: no look
-        self.revision, self.champion = revision, None
+        self.champion: GateFigures | None = None
+        self.candidate: GateFigures | None = None
+        self.promotes = False  # the last look would promote: the round ends there
         self.looks = 0
 
     def __call__(self) -> bool:
         holdout = self.lineage.holdout
-        if holdout.revision == self.seen:
+        if holdout.revision == self.revision:
             return False
         self.heldout, self.revision = holdout.records, holdout.revision
-        self.seen = self.revision
         self.looks += 1
         self.champion = self.lineage.champion.figures(self.heldout, self.revision)
-        accepted, _ = self.trainer.gate.decide(agreement(self.trainer.trainer, self.heldout), self.champion)
-        return accepted
+        self.candidate = agreement(self.trainer.trainer, self.heldout)
+        self.promotes, _ = self.trainer.gate.decide(self.candidate, self.champion)
+        return self.promotes

@@ -395,12 +395,12 @@ def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(ta
 
 
 class _PromotesOnRecords:
-    """A gate that promotes any candidate scored on at least `records` held-out records."""
+    """A gate that promotes any candidate scored on at least `records` held-out records (never, by default)."""
 
-    min_positions, margin = 1, 0.0
+    min_positions = 1
 
-    def __init__(self) -> None:
-        self.records = math.inf
+    def __init__(self, margin: float = 0.0) -> None:
+        self.margin, self.records = margin, math.inf
 
     def decide(self, candidate, champion) -> tuple[bool, str]:
         scored = candidate.records.records
@@ -442,16 +442,6 @@ def test_a_first_round_promotes_at_the_look_that_makes_it_certain(target, record
     assert second.candidate.records.records == held
 
 
-class _NeverPromotes:
-    min_positions = 1
-
-    def __init__(self, margin: float) -> None:
-        self.margin = margin
-
-    def decide(self, candidate, champion) -> tuple[bool, str]:
-        return False, "not sure yet"
-
-
 @pytest.mark.parametrize("margin", [0.0, 1.0])
 def test_a_candidate_ahead_but_not_yet_certain_is_trained_on_in_the_next_round(margin, target, records,
                                                                                redis_client, tmp_path):  # fmt: skip
@@ -461,7 +451,7 @@ def test_a_candidate_ahead_but_not_yet_certain_is_trained_on_in_the_next_round(m
     stream = f"test:online:carry:{margin}"
     append(redis_client, stream, records[:64])
     trainer = make_trainer(target, redis_client, stream, "carry", tmp_path, round_steps=20, min_new_records=8,
-                           read_count=128, gate=_NeverPromotes(margin))  # fmt: skip
+                           read_count=128, gate=_PromotesOnRecords(margin))  # fmt: skip
     trainer.poll(block_ms=0)
     draft, starts, ends = trainer.trainer, [], []
     train_step = draft.train_step
