@@ -1,6 +1,7 @@
 """`adaptive-spec bench`: speed of the target alone vs speculative decoding vs the HF peer.
 
-    adaptive-spec bench                                   # default model, early-exit:4, dynamic k
+    adaptive-spec bench                                   # default model and draft (head), dynamic k
+    adaptive-spec bench --draft early-exit:4              # with HF assisted generation beside it
     adaptive-spec bench --k 4 --num-prompts 4 --max-new-tokens 32 --json bench.json   # quick
 
 Every prompt runs through four paths, interleaved so that a change in machine load touches all
@@ -11,7 +12,9 @@ of them alike:
 - HF assisted: `target.generate(..., assistant_model=draft)` with the same draft model. With a
   fixed `--k` it drafts exactly k (`num_assistant_tokens=k`, constant schedule, confidence
   stop off); with dynamic k it keeps transformers' own adaptive defaults, its peer to ours.
-  An `ngram` draft is compared with `prompt_lookup_num_tokens=k`.
+  An `ngram` draft is compared with `prompt_lookup_num_tokens=k`. transformers has no `head`
+  (EAGLE) or `ngram+` draft, so for those the HF paths are left out (the keys are null, and
+  `hf_peer` says why) rather than timed without a draft.
 - HF target alone: `target.generate(...)` without a draft, to show the baseline is not slowed.
 
 A prompt that carries a `response_format` (prompts.py) runs constrained on both of our paths,
@@ -59,7 +62,8 @@ def run_bench(
     prompts = [engine.encode_prompt(item.prompt) for item in items]
     formats = [item.response_format for item in items]
     constrained = sum(f is not None for f in formats)
-    hf = hf and not constrained
+    no_peer = _no_hf_peer(engine, constrained)
+    wants_hf, hf = hf, hf and no_peer is None
     paths = ("target", "spec", "hf_assisted", "hf_target") if hf else ("target", "spec")
     tokens = dict.fromkeys(paths, 0)
     seconds = dict.fromkeys(paths, 0.0)
@@ -124,13 +128,13 @@ def run_bench(
         "temperature": temperature,
         "torch_threads": torch.get_num_threads(),
     }
-    if constrained:  # the contract's HF keys, null: there is no like-for-like peer
+    if no_peer and (wants_hf or constrained):  # the contract's HF keys, null: no like-for-like peer
         figures.update(
             hf_assisted_tok_s=None,
             hf_target_tok_s=None,
             speedup_vs_hf=None,
             hf_identical_prompts=None,
-            hf_peer="none: transformers' generate cannot apply the grammar",
+            hf_peer=f"none: {no_peer}",
         )
     if hf:
         figures.update(
@@ -163,6 +167,8 @@ def format_report(figures: dict) -> str:
             f"  {figures['constrained_prompts']} prompts with a response_format, constrained on both paths "
             "(no HF peer: transformers' generate has no grammar)"
         )
+    elif (figures.get("hf_peer") or "").startswith("none: "):
+        lines.append(f"  no HF peer: {figures['hf_peer'].removeprefix('none: ')}")
     lines += [
         f"  acceptance rate {num(figures['acceptance_rate'], '.3f')}, mean acceptance length "
         f"{num(figures['mean_acceptance_length'], '.2f')}, target forwards/token "
@@ -172,6 +178,15 @@ def format_report(figures: dict) -> str:
         f"  identical to target alone: {figures['identical']} ({figures['identical_prompts']}/{figures['prompts']})",
     ]
     return "\n".join(lines)
+
+
+def _no_hf_peer(engine: Engine, constrained: int) -> str | None:
+    """Why transformers' generate has no like-for-like peer for this run; None when it has one."""
+    if constrained:
+        return "transformers' generate cannot apply the grammar"
+    if not isinstance(engine.drafter, ModelDrafter | NgramDrafter):
+        return f"transformers' generate has no {engine.draft_id} draft (it assists with a draft model or prompt lookup)"
+    return None
 
 
 def _first_token_s(engine: Engine, ids: list[int], max_new_tokens: int, **kwargs) -> float:

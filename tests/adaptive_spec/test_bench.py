@@ -49,6 +49,21 @@ def test_bench_figures(k):
     assert "time to first token" in format_report(figures)
 
 
+@pytest.mark.parametrize("draft", ["head", "ngram+early-exit:1"])
+def test_a_draft_transformers_cannot_assist_with_leaves_the_hf_paths_out(draft):
+    """transformers' generate has no EAGLE head or ngram+ draft: timing it without a draft and
+    calling that "HF assisted" would measure something else, so the HF keys are null."""
+    engine = Engine(tiny_target(0), draft, eos_token_id=[])
+    figures = run_bench(engine, [PromptItem([5, 6, 7, 8])], max_new_tokens=8, k=2, progress=False)
+    assert set(figures) >= CONTRACT and figures["identical"] is True
+    assert figures["hf_assisted_tok_s"] is None and figures["hf_target_tok_s"] is None
+    assert (
+        figures["hf_peer"]
+        == f"none: transformers' generate has no {draft} draft (it assists with a draft model or prompt lookup)"
+    )
+    assert f"no HF peer: transformers' generate has no {draft} draft" in format_report(figures)
+
+
 def test_prompts_with_a_response_format_run_constrained_on_both_paths_and_skip_the_hf_peer():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
     from tiny_bytes import tiny_byte_tokenizer
