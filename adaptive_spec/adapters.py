@@ -12,9 +12,12 @@ plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256` (sha256sum forma
 `draft_vocab.json`: the tokens recent traffic used, to which the draft's LM head is restricted
 while this adapter is served (see `ModelDrafter.restrict_vocab`), and `draft_ngrams.json`: the
 n-gram index of the lineage's recent outputs that free drafts copy from (drafters/ngram_index.py,
-`AdapterSlot.ngrams`). The index is checked like the weights: `seal` lists it in checksum.sha256
-and the metadata's `ngrams_sha256`, and `verify` refuses an index that does not hash to them, one
-they list that is gone, and one a sealed directory holds without listing it. The file names are
+`AdapterSlot.ngrams`). Both are checked like the weights: `seal` lists them in checksum.sha256 and
+the metadata (`ngrams_sha256`, `vocab_sha256`), and `verify` refuses a file that does not hash to
+them, and one they list that is gone. A sealed directory holding an index it does not list is
+refused too; a vocabulary it does not list is accepted, because versions sealed before vocabularies
+were covered wrote theirs after the seal (a vocabulary only narrows what the draft may propose:
+whatever it says, the target verifies every token). The file names are
 contracts (adaptive_spec/contracts.py): the trainer writes these directories, MLflow stores them as
 a run's artifacts, and servers download and load them. Every check of such a directory is here, so
 a trainer adopting a version and a server swapping to it refuse the same files for the same reasons.
@@ -55,6 +58,7 @@ from adaptive_spec.contracts import (
     NGRAMS_SHA_KEY,
     SHA_TAG,
     VOCAB_FILE,
+    VOCAB_SHA_KEY,
     WEIGHTS_FILE,
 )
 
@@ -108,18 +112,24 @@ class AdapterDir:
     def ngrams_file(self) -> Path:
         return self.path / NGRAMS_FILE
 
+    @property
+    def vocab_file(self) -> Path:
+        return self.path / VOCAB_FILE
+
     # ---------------------------------------------------------------- writing
 
     def seal(self, **metadata) -> str:
-        """After PEFT's save_pretrained (and write_ngrams, for a version that ships an index): write
-        checksum.sha256, one line per file it covers, and the metadata (with `metadata` merged in,
-        adapter_sha256 and ngrams_sha256 set). Returns the weights' sha256."""
+        """After PEFT's save_pretrained (and write_ngrams and write_vocab, for a version that ships an
+        index or a vocabulary): write checksum.sha256, one line per file it covers, and the metadata
+        (with `metadata` merged in, adapter_sha256, ngrams_sha256 and vocab_sha256 set). Returns the
+        weights' sha256."""
         digests = {WEIGHTS_FILE: sha256_file(self.weights)}
-        if self.ngrams_file.is_file():
-            digests[NGRAMS_FILE] = sha256_file(self.ngrams_file)
+        shipped = {}
+        for file, key in ((self.ngrams_file, NGRAMS_SHA_KEY), (self.vocab_file, VOCAB_SHA_KEY)):
+            if file.is_file():
+                digests[file.name] = shipped[key] = sha256_file(file)
         (self.path / CHECKSUM_FILE).write_text("".join(f"{digest}  {name}\n" for name, digest in digests.items()))
-        index = {NGRAMS_SHA_KEY: digests[NGRAMS_FILE]} if NGRAMS_FILE in digests else {}
-        self.write_metadata({**self.metadata(), **metadata, SHA_TAG: digests[WEIGHTS_FILE], **index})
+        self.write_metadata({**self.metadata(), **metadata, SHA_TAG: digests[WEIGHTS_FILE], **shipped})
         return digests[WEIGHTS_FILE]
 
     def write_metadata(self, metadata: dict) -> None:
@@ -157,7 +167,8 @@ class AdapterDir:
     def verify(self, expected_sha256: str | None = None, *, require_checksum: bool = True) -> str:
         """The files are there and the weights hash to what checksum.sha256, the metadata's
         adapter_sha256 and `expected_sha256` (e.g. the registry's tag) say; so does the n-gram index,
-        when there is one, to its own lines (`_verify_ngrams`). Returns the weights' sha256.
+        and the vocabulary, when there are, to their own lines (`_verify_shipped`). Returns the
+        weights' sha256.
 
         Example: weights hashing to 9f2c... with a checksum.sha256 of 9f2c... and metadata naming
         41aa... fail with reason "checksum": one of the three was changed after the trainer sealed it.
@@ -181,23 +192,25 @@ class AdapterDir:
         check_claims(self.weights, actual, claims)
         if not (self.path / CONFIG_FILE).is_file():  # after the checksum: corrupt weights say more than a lost config
             raise missing
-        self._verify_ngrams(listed, metadata, sealed)
+        self._verify_shipped(self.ngrams_file, NGRAMS_SHA_KEY, listed, metadata, must_be_listed=sealed)
+        self._verify_shipped(self.vocab_file, VOCAB_SHA_KEY, listed, metadata, must_be_listed=False)
         return actual
 
-    def _verify_ngrams(self, listed: dict[str, str], metadata: dict, sealed: bool) -> None:
-        """The n-gram index hashes to its line of checksum.sha256 and the metadata's ngrams_sha256.
-
-        A sealed directory (one with a checksum.sha256) must list the index it holds: an index added
-        after sealing is refused like changed weights, and one they list that is gone as missing.
+    def _verify_shipped(self, file: Path, key: str, listed: dict[str, str], metadata: dict, *,
+                        must_be_listed: bool) -> None:  # fmt: skip
+        """A file the version ships beside its weights hashes to its line of checksum.sha256 and to
+        the metadata's `key`; one they list that is gone is missing. With `must_be_listed` (an
+        n-gram index in a sealed directory) a file they do not list was added after sealing and is
+        refused like changed weights.
         """
-        claims = {CHECKSUM_FILE: listed.get(NGRAMS_FILE), METADATA_FILE: metadata.get(NGRAMS_SHA_KEY)}
-        if not self.ngrams_file.is_file():
+        claims = {CHECKSUM_FILE: listed.get(file.name), METADATA_FILE: metadata.get(key)}
+        if not file.is_file():
             if any(claims.values()):
-                raise AdapterError(f"{self.path}: {NGRAMS_FILE} is listed but missing", "missing")
+                raise AdapterError(f"{self.path}: {file.name} is listed but missing", "missing")
             return
-        if sealed and claims[CHECKSUM_FILE] is None:
-            raise AdapterError(f"{self.path}: {NGRAMS_FILE} is not in {CHECKSUM_FILE}: added after sealing", "checksum")
-        check_claims(self.ngrams_file, sha256_file(self.ngrams_file), claims)
+        if must_be_listed and claims[CHECKSUM_FILE] is None:
+            raise AdapterError(f"{self.path}: {file.name} is not in {CHECKSUM_FILE}: added after sealing", "checksum")
+        check_claims(file, sha256_file(file), claims)
 
     def checksums(self) -> dict[str, str]:
         """checksum.sha256 as {file name: sha256}, {} without one. A line without a file name is the
@@ -231,7 +244,7 @@ class AdapterDir:
 
     def vocab(self, vocab_size: int) -> list[int] | None:
         """The draft vocabulary this version ships, or None when it ships none."""
-        file = self.path / VOCAB_FILE
+        file = self.vocab_file
         if not file.is_file():
             return None
         try:

@@ -80,6 +80,7 @@ CHECKSUM_FILE = "checksum.sha256"  # sha256sum format: `sha256sum -c checksum.sh
 VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose
 NGRAMS_FILE = "draft_ngrams.json"  # optional: {"ngrams": [[n-gram, continuation], ...]}, in checksum.sha256
 NGRAMS_SHA_KEY = "ngrams_sha256"  # metadata key: the sha256 of NGRAMS_FILE (drafters/ngram_index.py)
+VOCAB_SHA_KEY = "vocab_sha256"  # metadata key: the sha256 of VOCAB_FILE (versions sealed before it have none)
 
 
 def version_dir_name(version: int) -> str:

@@ -48,6 +48,8 @@ def write_adapter(
     )
     model.save_pretrained(path)
     adapter = AdapterDir(path)
+    if vocab is not None:
+        adapter.write_vocab(vocab)
     adapter.seal(
         **{
             "format": 1,
@@ -72,8 +74,6 @@ def write_adapter(
             **({"domain": domain} if domain is not None else {}),
         }
     )
-    if vocab is not None:
-        adapter.write_vocab(vocab)
     return path
 
 

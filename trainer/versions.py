@@ -72,16 +72,16 @@ class VersionDirs:
     def write(
         self, number: int, save: Callable[[Path], object], vocab: list[int], ngrams: dict | None = None, **metadata
     ) -> tuple[Path, str]:
-        """`save(directory)` writes the PEFT adapter; then the n-gram index (when given) is written
-        and it is all sealed with `metadata` (the checksum covers the weights and the index), and
-        `vocab` added. Returns (the version's path, the weights' sha256)."""
+        """`save(directory)` writes the PEFT adapter; then `vocab` and the n-gram index (when given)
+        are written and it is all sealed with `metadata` (the checksum covers the weights, the
+        vocabulary and the index). Returns (the version's path, the weights' sha256)."""
         staged = self._staging(number)
         save(staged)
         adapter = AdapterDir(staged)
+        adapter.write_vocab(vocab)
         if ngrams:
             adapter.write_ngrams(ngrams)
         digest = adapter.seal(**metadata)
-        adapter.write_vocab(vocab)
         return self._publish(staged, number), digest
 
     def promote(

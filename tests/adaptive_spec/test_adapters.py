@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
-from adaptive_spec.contracts import NGRAMS_FILE, NGRAMS_SHA_KEY
+from adaptive_spec.contracts import NGRAMS_FILE, NGRAMS_SHA_KEY, VOCAB_FILE, VOCAB_SHA_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -195,6 +195,42 @@ def test_an_n_gram_index_is_sealed_with_the_weights_and_loads_into_the_slot(tmp_
     make_adapter(target, 2, tmp_path / "plain", seed=9)  # a version without an index
     engine.load_adapter(tmp_path / "plain", domain="sql")
     assert engine.adapters.domains["sql"].ngrams is None
+
+
+def test_a_sealed_draft_vocabulary_is_checked_like_the_weights(tmp_path):
+    """The trainer writes the vocabulary before the seal, which lists it; a changed or deleted one
+    is refused. A version sealed before vocabularies were covered (written after the seal) loads."""
+    target = tiny_target(3)
+    engine = Engine(target, "early-exit:2")
+
+    def version(name: str, *, after_seal: bool = False) -> AdapterDir:
+        adapter = AdapterDir(tmp_path / name)
+        make_adapter(target, 2, adapter.path, seed=8)
+        if not after_seal:
+            adapter.write_vocab([1, 2, 3, 5, 8])
+        adapter.seal(version=1)
+        if after_seal:
+            adapter.write_vocab([1, 2, 3, 5, 8])
+        return adapter
+
+    sealed = version("sealed")
+    assert sealed.checksums()[VOCAB_FILE] == sealed.metadata()[VOCAB_SHA_KEY] == sha256_file(sealed.vocab_file)
+    engine.load_adapter(sealed.path, "7")
+    older = version("older", after_seal=True)
+    engine.load_adapter(older.path, "8")
+    assert engine.adapter_version == "8"
+
+    tampered = version("tampered")
+    tampered.write_vocab([1, 2, 3, 5, 9])
+    gone = version("gone")
+    gone.vocab_file.unlink()
+    for adapter, (reason, phrase) in {
+        tampered: ("checksum", "checksum mismatch: draft_vocab.json"),
+        gone: ("missing", "draft_vocab.json is listed but missing"),
+    }.items():
+        with pytest.raises(AdapterError, match=phrase) as refused:
+            engine.load_adapter(adapter.path)
+        assert refused.value.reason == reason and engine.adapter_version == "8"
 
 
 def test_a_tampered_missing_or_unsealed_index_is_refused_like_corrupt_weights(tmp_path):
