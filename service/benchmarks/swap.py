@@ -1,14 +1,15 @@
 """`adaptive-spec bench-swap`: how long an adapter hot swap holds decoding, under steady traffic.
 
-    adaptive-spec bench-swap                          # the default model, early-exit:4, rank-32 LoRA (~5 MB), 20 swaps
+    adaptive-spec bench-swap                          # the default model and draft (head), rank-32 LoRA, 20 swaps
+    adaptive-spec bench-swap --draft early-exit:4     # an early exit's 4 layers, rank-32 LoRA (~5 MB)
     adaptive-spec bench-swap --rank 16 --swaps 50 --json swap.json
     adaptive-spec bench-swap --target ./tiny --draft early-exit:1 --max-new-tokens 16   # a quick CPU check
 
 The run:
 
-1. Two random LoRA adapters for the draft (all 7 projections of its layers, `--rank`), written as the
-   trainer writes them (PEFT files, metadata, checksum). For the default draft (early-exit:4 of
-   SmolLM2-135M, fp32) rank 16 is 2.6 MB and rank 32 (the default here) 5.2 MB.
+1. Two random LoRA adapters for the draft (all 7 projections of its layers, `--rank`; a head's fuse
+   too), written as the trainer writes them (PEFT files, metadata, checksum). For early-exit:4 of
+   SmolLM2-135M in fp32, rank 16 is 2.6 MB and rank 32 (the default here) 5.2 MB.
 2. The target alone decodes the prompts once: the greedy reference.
 3. `--clients` threads send those prompts to the engine without pause (greedy, speculative), while
    the main thread swaps between the two adapters `--swaps` times, one every `--interval-s`, with
@@ -33,28 +34,40 @@ from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import WEIGHTS_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+from trainer.head_distill import HeadSettings, HeadTrainer
+from trainer.head_model import TrainableHead
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PAUSE_BAR_S = 0.050
 
 
 def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
-    """A non-zero random LoRA for the engine's early-exit draft, saved with metadata and checksum."""
+    """A non-zero random LoRA for the engine's draft (an early exit's layers, or a head's layer with
+    its fuse), saved with metadata and checksum as the trainer saves a version."""
     spec = parse_draft_spec(engine.draft_id)
-    if spec.kind != "early-exit":
-        raise DraftSpecError(f"bench-swap builds adapters for early-exit:N drafts; got {engine.draft_id!r}")
+    if spec.kind not in ("early-exit", "head"):
+        raise DraftSpecError(f"bench-swap builds adapters for early-exit:N and head drafts; got {engine.draft_id!r}")
     torch.manual_seed(seed)
-    draft = build_early_exit(engine.target, spec.layers)
-    model = get_peft_model(
-        draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False)
-    )
+    if spec.kind == "head":
+        trainer = HeadTrainer(TrainableHead(engine.target), HeadSettings(r=rank, alpha=2 * rank, seed=seed),
+                              target_id=engine.target_id, draft_id=engine.draft_id)  # fmt: skip
+        model = trainer.model
+    else:
+        draft = build_early_exit(engine.target, spec.layers)
+        model = get_peft_model(
+            draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False)
+        )
     with torch.no_grad():  # small deltas: a plausible adapter, not noise that swamps the base weights
         for name, parameter in model.named_parameters():
-            if "lora_" in name:
+            if "lora_B" in name and spec.kind == "head":  # the trainer starts B at zero
+                parameter.normal_(std=0.01)
+            elif "lora_" in name and spec.kind != "head":  # init_lora_weights=False: both random
                 parameter.mul_(0.05)
-    model.save_pretrained(path)
+    if spec.kind == "head":
+        trainer.save(path)
+    else:
+        model.save_pretrained(path)
     AdapterDir(path).seal(target_id=engine.target_id, draft_id=engine.draft_id, version=seed)
-    del model, draft
     return path
 
 

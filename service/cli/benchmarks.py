@@ -129,7 +129,7 @@ def add_commands(commands) -> None:
         "--rank",
         type=positive_int,
         default=32,
-        help="LoRA rank; 32 on early-exit:4 of the default model is ~5 MB (default: %(default)s)",
+        help="LoRA rank; 32 is ~5 MB on early-exit:4 of the default model (default: %(default)s)",
     )
     swap.add_argument("--interval-s", type=float, default=0.25, help="between swaps (default: %(default)s)")
     swap.add_argument("--num-prompts", type=positive_int, default=4, help="default: %(default)s")

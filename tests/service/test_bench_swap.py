@@ -21,8 +21,9 @@ from service.benchmarks.swap import format_report, run_swap_bench
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_swaps_under_traffic_fail_no_request_and_stay_lossless():
-    engine = Engine(tiny_target(0), "early-exit:1", eos_token_id=[])
+@pytest.mark.parametrize("draft", ["early-exit:1", "head"])
+def test_swaps_under_traffic_fail_no_request_and_stay_lossless(draft):
+    engine = Engine(tiny_target(0), draft, eos_token_id=[])
     figures = run_swap_bench(
         engine, [[5, 17, 33, 8], [9, 2, 41]], swaps=3, clients=1, rank=4, max_new_tokens=8, interval_s=0.05
     )
@@ -31,6 +32,6 @@ def test_swaps_under_traffic_fail_no_request_and_stay_lossless():
     assert "swap pause (decoding held)" in format_report(figures)
 
 
-def test_it_needs_an_early_exit_draft():
-    with pytest.raises(DraftSpecError, match="early-exit"):
+def test_it_needs_a_draft_with_weights():
+    with pytest.raises(DraftSpecError, match="early-exit:N and head drafts"):
         run_swap_bench(Engine(tiny_target(0), "ngram"), [[5, 17]], swaps=1)
