@@ -1,7 +1,7 @@
 """adaptive-spec: lossless speculative decoding whose draft keeps learning from live traffic.
 
 from adaptive_spec import Engine
-engine = Engine.from_pretrained(target="smollm2-135m-instruct", draft="early-exit:4")
+engine = Engine.from_pretrained(target="smollm2-135m-instruct", draft="head")
 out = engine.generate("Write a haiku about rivers.", max_new_tokens=64)
 
 The names below are imported on first use, so `adaptive_spec.contracts` and the other light modules

@@ -97,7 +97,7 @@ def cache_dir_name(version: str, sha256: str) -> str:
 
 DEFAULT_DATA_DIR = ".adaptive-spec"
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in target (adaptive_spec/models.py loads it)
-DEFAULT_DRAFT = "early-exit:4"  # the draft a command uses without --draft
+DEFAULT_DRAFT = "head"  # the draft a command uses without --draft (README: "Two drafts on the same traffic")
 MLFLOW_DB = "mlflow.db"  # the default registry: sqlite:///<data-dir>/mlflow.db
 ADAPTERS_DIR = "adapters"  # the trainer's promoted versions, version_dir_name(N)
 ADAPTER_CACHE_DIR = "adapter-cache"  # a server's downloaded versions, cache_dir_name(V, sha)

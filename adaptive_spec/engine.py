@@ -1,7 +1,7 @@
 """The engine: lossless speculative decoding for one request or a batch of them.
 
     from adaptive_spec import Engine
-    engine = Engine.from_pretrained("smollm2-135m-instruct", draft="early-exit:4")
+    engine = Engine.from_pretrained("smollm2-135m-instruct", draft="head")
     out = engine.generate([{"role": "user", "content": "Name three rivers."}], max_new_tokens=64)
     print(out.text, out.stats.mean_acceptance_length)
     outs = engine.generate_batch(["Name a river.", "Name a lake."], max_new_tokens=32)   # decoded together
@@ -53,9 +53,9 @@ MAX_N = 8  # the most choices one request may ask for
 class Engine:
     """Speculative decoding over a target model and a draft.
 
-    `draft` is a draft spec (`early-exit:N`, `ngram`, `ngram:N`), a model sharing the target's
-    vocabulary, a `Drafter`, the target itself, or None for plain decoding only. With `k=None`
-    (the default) k is chosen per step by `DynamicK`; an integer fixes it.
+    `draft` is a draft spec (`head`, the default; `early-exit:N`, `ngram`, `ngram:N`, `ngram+<draft>`),
+    a model sharing the target's vocabulary, a `Drafter`, the target itself, or None for plain
+    decoding only. With `k=None` (the default) k is chosen per step by `DynamicK`; an integer fixes it.
     """
 
     def __init__(

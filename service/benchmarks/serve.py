@@ -1,6 +1,6 @@
 """`adaptive-spec bench-serve`: serving throughput and latency at several concurrency levels.
 
-    adaptive-spec bench-serve                                   # default model, early-exit:4, 1,2,4,8 users, 60 s each
+    adaptive-spec bench-serve                                   # default model, head draft, 1,2,4,8 users, 60 s each
     adaptive-spec bench-serve --concurrency 1,4 --duration-s 20 --json serve.json --plot serve.png
     adaptive-spec bench-serve --adapter ./adapters/v7 --prompts python   # a trained draft on its domain
     adaptive-spec bench-serve --target ./tiny --draft early-exit:1 --concurrency 1,2 --duration-s 3 --max-new-tokens 8

@@ -52,7 +52,7 @@ def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
     models = parser.add_argument_group(
         "models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
-        "built-in model with early-exit:4 and dynamic k)"
+        "built-in model with the head draft and dynamic k)"
     )
     models.add_argument("--target", default=None)
     models.add_argument("--draft", default=None)

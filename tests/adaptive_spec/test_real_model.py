@@ -101,13 +101,15 @@ def test_a_gguf_path_loads_the_same_model(engine, prompts, baselines):
 
 
 @pytest.mark.parametrize(
-    ("draft", "k"), [("early-exit:4", None), ("early-exit:4", 4), ("ngram+head", None), (None, None)]
+    ("draft", "k"),
+    [("early-exit:4", None), ("early-exit:4", 4), ("head", None), ("head", 4), ("ngram+head", None), (None, None)],
 )
 def test_batched_rows_equal_the_target_alone(engine, prompts, baselines, draft, k):
     """Continuous batching at 4 rows, 6 chat prompts joining as rows free up: each row's greedy
     output equals the target alone for its prompt, token for token (None: the target alone,
-    batched, against the target alone in a batch of one). `ngram+head` with dynamic k mixes rows
-    that copy, rows that draft with the head and rows that decode plainly in one step."""
+    batched, against the target alone in a batch of one). `head` is the default draft; at k = 4 it
+    drafts on its own states each round. `ngram+head` with dynamic k mixes rows that copy, rows
+    that draft with the head and rows that decode plainly in one step."""
     batched_engine = engine if draft == "early-exit:4" else Engine(engine.target, draft, engine.tokenizer)
     options = dict(k=k) if draft else dict(speculative=False)
     outputs = batched_engine.generate_batch(prompts, MAX_NEW, max_batch=4, **options)
