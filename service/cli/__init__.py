@@ -23,7 +23,7 @@ import sys
 
 from adaptive_spec.contracts import DATA_DIR_ENV, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from service.cli import adapters, benchmarks, generate, serving, training
-from service.cli.options import CommandError
+from service.cli.options import CommandError, resolve_draft
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    resolve_draft(args)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -63,6 +63,15 @@ def prompt_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"no file {text!r}, and {exc}") from None
 
 
+def resolve_draft(args: argparse.Namespace) -> None:
+    """--draft's default, set after parsing. argparse tells a given option from its default by
+    identity (`value is not action.default`), so with the default in the parser `--draft head
+    --compare-drafts ...` would pass as "--draft not given" whenever the two strings are one
+    object (interned), and the conflict would go unreported."""
+    if getattr(args, "default_draft", None) and args.draft is None:
+        args.draft = args.default_draft
+
+
 def model_options(parser: argparse.ArgumentParser):
     """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift).
     Returns the mutually exclusive group --draft is in, for a command's alternative to it
@@ -77,11 +86,12 @@ def model_options(parser: argparse.ArgumentParser):
     drafts = group.add_mutually_exclusive_group()
     drafts.add_argument(
         "--draft",
-        default=DEFAULT_DRAFT,
+        default=None,  # DEFAULT_DRAFT, filled in by `resolve_draft`: see there
         help="draft: early-exit:N (the target's first N layers), head (one layer reading the target's "
         "hidden state, EAGLE-style), ngram (prompt lookup), ngram+head or ngram+early-exit:N (prompt lookup "
-        "first), or a model with the target's vocabulary (default: %(default)s)",
+        f"first), or a model with the target's vocabulary (default: {DEFAULT_DRAFT})",
     )
+    parser.set_defaults(default_draft=DEFAULT_DRAFT)
     group.add_argument(
         "--k",
         type=non_negative_int,
