@@ -48,27 +48,28 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     if spec.kind not in ("early-exit", "head"):
         raise DraftSpecError(f"bench-swap builds adapters for early-exit:N and head drafts; got {engine.draft_id!r}")
     torch.manual_seed(seed)
-    if spec.kind == "head":
-        trainer = HeadTrainer(TrainableHead(engine.target), HeadSettings(r=rank, alpha=2 * rank, seed=seed),
-                              target_id=engine.target_id, draft_id=engine.draft_id)  # fmt: skip
-        model = trainer.model
-    else:
-        draft = build_early_exit(engine.target, spec.layers)
-        model = get_peft_model(
-            draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False)
-        )
     with torch.no_grad():  # small deltas: a plausible adapter, not noise that swamps the base weights
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name and spec.kind == "head":  # the trainer starts B at zero
+        if spec.kind == "head":  # as the trainer builds a head version; it starts B at zero, so draw B
+            trainer = HeadTrainer(TrainableHead(engine.target), HeadSettings(r=rank, alpha=2 * rank, seed=seed),
+                                  target_id=engine.target_id, draft_id=engine.draft_id)  # fmt: skip
+            for parameter in _lora_parameters(trainer.model, "lora_B"):
                 parameter.normal_(std=0.01)
-            elif "lora_" in name and spec.kind != "head":  # init_lora_weights=False: both random
+            save = trainer.save
+        else:  # init_lora_weights=False: A and B both random
+            model = get_peft_model(
+                build_early_exit(engine.target, spec.layers),
+                LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(MODULES), init_lora_weights=False),
+            )
+            for parameter in _lora_parameters(model):
                 parameter.mul_(0.05)
-    if spec.kind == "head":
-        trainer.save(path)
-    else:
-        model.save_pretrained(path)
+            save = model.save_pretrained
+    save(path)
     AdapterDir(path).seal(target_id=engine.target_id, draft_id=engine.draft_id, version=seed)
     return path
+
+
+def _lora_parameters(model, part: str = "lora_") -> list[torch.nn.Parameter]:
+    return [parameter for name, parameter in model.named_parameters() if part in name]
 
 
 def run_swap_bench(
