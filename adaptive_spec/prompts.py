@@ -6,13 +6,14 @@ an optional `"response_format"` (OpenAI's shape) constrains the output, as on th
     {"messages": [{"role": "user", "content": "Name three rivers."}], "domain": "chat"}
     {"prompt": "def fibonacci(n):", "domain": "python"}
     {"messages": [...], "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {...}}}}
+
+The prompt sets the benchmarks ship, and names for them, are in benchmarks/prompts/.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 
@@ -25,23 +26,6 @@ class PromptItem:
 
 class PromptFileError(ValueError):
     pass
-
-
-def shipped(name: str) -> Path:
-    """A prompt set shipped with the package, e.g. `shipped("chat")`."""
-    path = Path(str(resources.files("adaptive_spec") / "data" / f"{name}.jsonl"))
-    if not path.is_file():
-        names = sorted(p.stem for p in path.parent.glob("*.jsonl"))
-        raise PromptFileError(f"no shipped prompt set {name!r}; shipped: {', '.join(names)}")
-    return path
-
-
-def prompt_source(value: str | Path) -> Path:
-    """A prompt file's path, or the name of a shipped set (`json_schema`) when no such file exists."""
-    path = Path(value)
-    if path.is_file() or path.suffix or len(path.parts) > 1:
-        return path  # a missing file gets load_prompts' error
-    return shipped(str(value))
 
 
 def load_prompts(path: str | Path) -> list[PromptItem]:

@@ -14,6 +14,7 @@ import uuid
 
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.engine import Engine, GenerationOutput
+from registry.client import AdapterRegistry
 from service.correction_log import CorrectionLogWriter
 from service.drift import DriftSettings
 from service.metrics import ServiceMetrics, StatsCollector
@@ -21,7 +22,6 @@ from service.settings import Settings
 from service.stats_store import StatsRecorder
 from service.watcher import open_registry, start_watcher
 from service.worker import EngineWorker, Job, engine_thread
-from trainer.registry import AdapterRegistry
 
 log = logging.getLogger(__name__)
 

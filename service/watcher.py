@@ -7,7 +7,7 @@ adapter and `champion-<domain>` for each domain's, and hot-swaps the draft's ada
     watcher.check()        # one pass, in the caller's thread: "unchanged", "swapped", "unloaded", "refused", ...
 
 `Service.start` builds both (`start_watcher`); the watcher gets only what it uses: the engine, the
-registry with its adapter-events channel (trainer/adapter_events.py), the metrics and a callback
+registry with its adapter-events channel (registry/events.py), the metrics and a callback
 that records each swap on the dashboard.
 
 Tests (tiny engine, real MLflow and Redis, about 40 s): `.venv/bin/python -m pytest tests/service/test_watcher.py -q`.
@@ -79,8 +79,8 @@ from adaptive_spec.contracts import (
     cache_dir_name,
     sqlite_tracking_uri,
 )
-from trainer.adapter_events import AdapterEvents
-from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
+from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
+from registry.events import AdapterEvents
 
 log = logging.getLogger(__name__)
 

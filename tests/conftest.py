@@ -1,6 +1,6 @@
 """Shared fixtures. Redis tests use a real redis-server, never a fake.
 
-    cd /work/main && .venv/bin/python -m pytest tests -q
+    .venv/bin/python -m pytest tests -q      # from the repository root; helpers come from tests/helpers
 
 `redis_url` uses $REDIS_URL when set, else starts one redis-server on a free loopback port for
 the whole session. `redis_client` FLUSHDBs that database before each test, so a $REDIS_URL
@@ -12,7 +12,6 @@ always runs locally, whatever $REDIS_URL says.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +21,8 @@ import pytest
 import redis
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # polling.py and friends, for every test module
-
 from adaptive_spec.record import CorrectionRecord
-from service.local_redis import RedisNotInstalled, RedisServer, started_server
+from launch.redis import RedisNotInstalled, RedisServer, started_server
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +112,9 @@ def make_record():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """The 4-layer random Llama of tests/adaptive_spec/tiny.py with the character-level chat
-    tokenizer of tests/service/tiny_chat.py, saved once, for tests that start `adaptive-spec`
+    """The 4-layer random Llama of tests/helpers/tiny.py with the character-level chat
+    tokenizer of tests/helpers/tiny_chat.py, saved once, for tests that start `adaptive-spec`
     processes on a local model directory."""
-    tests = Path(__file__).resolve().parent
-    sys.path.insert(0, str(tests / "adaptive_spec"))
-    sys.path.insert(0, str(tests / "service"))
     from tiny import tiny_target
     from tiny_chat import tiny_tokenizer
 
@@ -133,7 +127,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on a free loopback port for one test module, stopped by its process
-    group (tests/registry_support.py). A test may stop and start it to play an outage."""
+    group (tests/helpers/registry_support.py). A test may stop and start it to play an outage."""
     from registry_support import MlflowServer
 
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))

@@ -35,10 +35,10 @@ from pathlib import Path
 from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import SHA_TAG, WEIGHTS_FILE, version_dir_name
 from adaptive_spec.record import CorrectionRecord
+from registry.client import AdapterRegistry, ServedChampion
 from trainer.distill import DraftTrainer
 from trainer.gate import GateFigures, adapters_disabled, draft_agreement
 from trainer.pending import PendingRegistrations
-from trainer.registry import AdapterRegistry, ServedChampion
 from trainer.versions import VersionDirs
 
 log = logging.getLogger(__name__)

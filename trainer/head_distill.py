@@ -53,7 +53,7 @@ them in the logged top-m of the records it trains on. The LM head over 49152 row
 backward, was two thirds of a step. Measured on the default model at 2 threads: a step of 2,048 tokens took
 0.47 s instead of 1.5 s, and 150 steps on 96 python records 98 s instead of 234 s (scoring
 included) for the same held-out first-token match, 0.70 against 0.71 (0.66 against 0.62 at 100
-steps; service/benchmarks/head_ablation.py, docs/figures/head-ablation-softmax-python.json).
+steps; benchmarks/head_ablation.py, docs/figures/head-ablation-softmax-python.json).
 `softmax = "vocab"` is the whole vocabulary.
 
 The fuse starts as [I | c I] rather than the base head's [I | I]: the default model's embeddings
@@ -99,7 +99,7 @@ class HeadSettings(LoraSettings):
 
     Rank 64, not the early exit's 16: on the same 128 python records, after 200 steps, the head's
     first-token match on held-out records was 0.80 at rank 64 against 0.76 at rank 16, ahead at every
-    point of the curve (service/benchmarks/head_ablation.py, docs/figures/head-ablation-python.json).
+    point of the curve (benchmarks/head_ablation.py, docs/figures/head-ablation-python.json).
     On the default model rank 64 is 0.65 M LoRA weights over the layer's 7 projections (beside the
     fuse's 0.66 M, trained whole), and a served version merges them into the layer, so the rank
     costs nothing per draft step."""

@@ -8,7 +8,7 @@ a child).
 
 It reads correction records from `adaptive_spec:corrections` (consumer group, at-least-once), trains
 the draft's LoRA adapter, and every adapter its gate accepts is written to `<data-dir>/adapters/vNNNN`
-and registered and promoted in MLflow (trainer/registry.py: `MLFLOW_TRACKING_URI`, else
+and registered and promoted in MLflow (registry/client.py: `MLFLOW_TRACKING_URI`, else
 `<data-dir>/mlflow.db`). Checkpoints go to `<data-dir>/trainer`; a restarted trainer resumes from
 the last one and re-reads what it had not acknowledged.
 
@@ -75,13 +75,13 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
 
     from adaptive_spec.drafters.spec import parse_draft_spec
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
+    from registry.client import AdapterRegistry
     from trainer.champion import RegistryChampion
     from trainer.decision import StatisticalGate, Thresholds
     from trainer.drafts import TARGET_DRAFTS, trainable_draft
     from trainer.leader import TrainerLease, holder_id
     from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.pending import PendingRegistrations
-    from trainer.registry import AdapterRegistry
     from trainer.stream import CorrectionStream
 
     if not settings.redis_url:

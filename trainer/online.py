@@ -237,7 +237,7 @@ class OnlineTrainer:
         """After a poll, keep reading without waiting while reads come back full (a backlog), for up to
         `drain_s`; returns how many records came. Without it the loop took `read_count` records per
         round: 64 per 39 s round with the default model, 1.65 records/s for a whole fleet. Intake
-        alone takes about 2800 records/s (service/benchmarks/intake.py), so a backlog of a few
+        alone takes about 2800 records/s (benchmarks/intake.py), so a backlog of a few
         thousand goes in one pass and the replay buffer keeps the most recent."""
         deadline, taken = time.monotonic() + self.settings.drain_s, 0
         while time.monotonic() < deadline:
@@ -269,7 +269,7 @@ class OnlineTrainer:
 
         Why longer rounds on slow traffic: one user at a time brings about 8 records a minute, so with
         16 records per round of 20 steps the trainer waited three quarters of the time, and a head
-        gains about 0.2 of first-token match per 50 steps (service/benchmarks/head_ablation.py): a
+        gains about 0.2 of first-token match per 50 steps (benchmarks/head_ablation.py): a
         round of 20 moved it too little for the gate to see it, and rejected rounds are rolled back."""
         lineage = lineage or self.general
         # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out

@@ -27,7 +27,7 @@ with `champion` while the domain has no alias of its own (its requests draft wit
 adapter, which is what its first version was trained from).
 
 Tests (MLflow server stopped and started, real Redis): `.venv/bin/python -m pytest
-tests/trainer/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
+tests/registry/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import NOT_PROMOTED_TAG
-from trainer.registry import AdapterRegistry, RegistryError, RegistryUnavailable
+from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

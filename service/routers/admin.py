@@ -17,7 +17,7 @@ what this server holds for each alias it follows and what it refused, keyed by t
     "refused": {"champion-sql": {"version": "6", "reason": "incompatible"}},
 
 No token configured (ADAPTIVE_SPEC_ADMIN_TOKEN unset): every route answers 403. A missing or wrong
-token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (trainer/registry.py),
+token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (registry/client.py),
 is recorded with `by` = "admin-api:<who>@<client address>" (`who` from the optional body field
 `by`, else "token"), and wakes this server's watcher, which swaps at once; other servers follow
 the pub/sub event or their next alias poll. Errors: unknown version 404, nothing to roll back to
@@ -50,7 +50,7 @@ def _version_number(value: str | int | None) -> str | None:
 
 def _domain_name(value: str | None) -> str | None:
     """None (the general adapter) or a name an alias can carry: "sql" -> "sql"; "a b", "" or 65 chars: a 400."""
-    from trainer.registry_records import domain_aliases
+    from registry.records import domain_aliases
 
     if value is None:
         return None
@@ -124,7 +124,7 @@ def _registry(service):
 
 
 def _call(function, *args, **kwargs):
-    from trainer.registry import RegistryError, RegistryUnavailable
+    from registry.client import RegistryError, RegistryUnavailable
 
     try:
         return function(*args, **kwargs)

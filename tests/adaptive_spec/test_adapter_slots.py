@@ -7,17 +7,12 @@ Run: .venv/bin/python -m pytest tests/adaptive_spec/test_adapter_slots.py -q   (
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from adapter_files import make_adapter
+from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from test_adapters import make_adapter
-from tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

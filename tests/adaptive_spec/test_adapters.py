@@ -2,37 +2,21 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from adapter_files import make_adapter
+from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import NGRAMS_FILE, NGRAMS_SHA_KEY, VOCAB_FILE, VOCAB_SHA_KEY
-from adaptive_spec.drafters.early_exit import build_early_exit
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17]
-
-
-def make_adapter(target, layers: int, path: Path, seed: int, rank: int = 4) -> torch.nn.Module:
-    """A random (non-zero) LoRA on a fresh early-exit draft, saved as the trainer saves it."""
-    torch.manual_seed(seed)
-    draft = build_early_exit(target, layers)
-    peft_model = get_peft_model(
-        draft, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=MODULES, init_lora_weights=False)
-    )
-    peft_model.save_pretrained(path)
-    (path / CHECKSUM_FILE).write_text(sha256_file(path / WEIGHTS_FILE) + "\n")
-    return peft_model.eval()
 
 
 def draft_logits(model, ids):

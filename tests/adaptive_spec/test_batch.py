@@ -18,17 +18,13 @@ What must hold, row by row:
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from tiny import VOCAB, llama, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, kv
 from adaptive_spec.batch import Row
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import VOCAB, llama, tiny_draft, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -354,7 +350,7 @@ def test_a_full_batch_refuses_another_row_and_memory_follows_the_rows(monkeypatc
 
 
 def test_an_adapter_swap_mid_batch_changes_no_rows_greedy_output(tmp_path) -> None:
-    from test_adapters import make_adapter  # the adapter files the trainer writes, on an early exit
+    from adapter_files import make_adapter  # the adapter files the trainer writes, on an early exit
 
     model = target(1)
     make_adapter(model, 2, tmp_path / "v1", seed=2)

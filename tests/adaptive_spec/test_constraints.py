@@ -9,17 +9,12 @@ test_structured.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from tiny import VOCAB, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, InputError
 from adaptive_spec.constraints import Constraints, Penalties
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import VOCAB, tiny_draft, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

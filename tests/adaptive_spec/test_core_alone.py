@@ -17,15 +17,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parents[1]
-BLOCKED = ("redis", "fastapi", "uvicorn", "starlette", "mlflow", "prometheus_client", "service", "trainer")
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"  # tiny.py, for the child process
+ROOT = HELPERS.parents[1]
+BLOCKED = ("redis", "fastapi", "uvicorn", "starlette", "mlflow", "prometheus_client", "service", "trainer", "registry")
 
 SCRIPT = f"""
 import json, pkgutil, importlib, sys
 for name in {BLOCKED!r}:
     sys.modules[name] = None
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 import adaptive_spec
 modules = [m.name for m in pkgutil.walk_packages(adaptive_spec.__path__, "adaptive_spec.")]
 for name in modules:

@@ -18,19 +18,15 @@ What must hold:
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, InputError, kv
 from adaptive_spec.drafters import Proposal
 from adaptive_spec.drafters.early_exit import DraftSpecError
 from adaptive_spec.drafters.model import ModelDrafter
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,10 +9,11 @@ index built by the trainer (drafters/ngram_index.py) in test_ngram_index.py and 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from adapter_files import make_adapter
+from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.adapter_slots import AdapterSlot
@@ -21,10 +22,6 @@ from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.dynamic_k import Acceptance, StepCosts
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from test_adapters import make_adapter
-from tiny import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,17 +16,12 @@ one of their draft kinds). Here, heads whose behaviour is known exactly:
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.drafters.head import DraftHead, HeadDrafter
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import llama, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,16 +1,11 @@
 """Loading by name: local directories, errors, device and dtype (the default model: test_real_model)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.models import ModelLoadError, resolve_device, resolve_dtype
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import llama, tiny_target
 
 
 def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):

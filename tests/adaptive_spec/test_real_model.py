@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from adaptive_spec import Engine, InputError
-from adaptive_spec.prompts import load_prompts, shipped
+from adaptive_spec.prompts import load_prompts
+from benchmarks.prompts import shipped
 
 pytestmark = pytest.mark.real_model
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from fleet_env import FLEET_ADAPTER_POLL_S, FLEET_SERVE_ENV, FLEET_TRAIN_ENV, HEALTH_PATH
 
-from service.cli import build_parser
+from cli import build_parser
 from service.settings import _ENV_NAMES, Settings
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
@@ -112,7 +112,7 @@ def test_every_command_is_a_real_cli_line_with_known_environment(where, command,
 
 def test_the_files_describe_the_fleet_the_fleet_test_runs():
     """N serve replicas, one trainer, Redis, an MLflow server; each process with the environment and
-    health path tests/reliability/test_fleet.py gives it (tests/fleet_env.py)."""
+    health path tests/reliability/test_fleet.py gives it (tests/helpers/fleet_env.py)."""
     for where, command, env in adaptive_spec_containers():
         needed = FLEET_SERVE_ENV if command[1] == "serve" else FLEET_TRAIN_ENV
         assert set(needed) <= set(env), f"{where}: lacks {set(needed) - set(env)}"

@@ -6,14 +6,10 @@ with serve_process(env={"REDIS_URL": redis_server.url}) as server:   # `adaptive
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py (--import-mode=importlib adds no test dir)
 from support import ServeProcess
 
 # `tiny_model_dir` (the tiny Llama and chat tokenizer saved once per session) is in tests/conftest.py.

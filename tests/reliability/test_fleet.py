@@ -51,13 +51,6 @@ import httpx
 import numpy as np
 import pytest
 import redis
-
-from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_LEADER_KEY
-from adaptive_spec.record import CorrectionRecord
-from trainer.adapter_events import AdapterEvents
-from trainer.registry import AdapterRegistry
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet_env import FLEET_ADAPTER_POLL_S, FLEET_SERVE_ENV, FLEET_TRAIN_ENV, HEALTH_PATH
 from registry_support import MlflowServer
 from support import (
@@ -69,6 +62,11 @@ from support import (
     tiny_target,
 )
 from traffic import feed, greedy_records
+
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_LEADER_KEY
+from adaptive_spec.record import CorrectionRecord
+from registry.client import AdapterRegistry
+from registry.events import AdapterEvents
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -371,7 +369,7 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
                 swaps = {f"promote {event['version']}": both_on(monitor, ["a", "b"], event) for event in promoted}
                 mark("both on 2")
                 rollback = subprocess.run(
-                    [sys.executable, "-m", "service.cli", "adapters", "rollback", "--data-dir", str(tmp_path / "cli")],
+                    [sys.executable, "-m", "cli", "adapters", "rollback", "--data-dir", str(tmp_path / "cli")],
                     env=child_env(REDIS_URL=redis_url, MLFLOW_TRACKING_URI=mlflow.url),
                     capture_output=True,
                     text=True,

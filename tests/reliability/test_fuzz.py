@@ -3,7 +3,7 @@
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_fuzz.py -q -s   (about 60 s)
 
 schemathesis (4.x, driven from its Python API with hypothesis) reads /openapi.json from a live
-`adaptive-spec serve` on the tiny model with a byte-level chat tokenizer (tests/service/tiny_bytes.py)
+`adaptive-spec serve` on the tiny model with a byte-level chat tokenizer (tests/helpers/tiny_bytes.py)
 that the grammar library can read, so generated chat messages, text prompts, penalties, logit
 biases, log-probability requests, n choices and response_format schemas (compiled by llguidance)
 reach the engine; each of those fields must be set in at least one answered case. For every
@@ -18,18 +18,14 @@ within 30 s; the count of cases is printed.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import MODEL, ServeProcess
 from tiny import tiny_target
 from tiny_bytes import tiny_byte_tokenizer

@@ -11,15 +11,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_support import write_adapter
 from support import BackgroundLoad, child_env, eventually, kill_redis, tiny_target
 
-from trainer.registry import AdapterRegistry
+from registry.client import AdapterRegistry
 
 pytestmark = pytest.mark.redis
 
@@ -29,7 +26,7 @@ def test_bench_load_command_reports_no_errors(serve_process, redis_url, tmp_path
         command = [
             sys.executable,
             "-m",
-            "service.cli",
+            "cli",
             "bench-load",
             "--url",
             server.url,

@@ -4,28 +4,24 @@ the promotion waits and is retried, and it lands in the running server when MLfl
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_mlflow_outage.py -q -s   (about 60 s)
 
-Real parts: `mlflow server` (tests/registry_support.py, stopped and restarted on the same port and
+Real parts: `mlflow server` (tests/helpers/registry_support.py, stopped and restarted on the same port and
 database), `adaptive-spec serve` as a child process whose watcher follows the champion alias on
 that server (poll 0.5 s, plus the Redis pub/sub event), a redis-server, and closed-loop HTTP
 traffic throughout. The trainer's side is PendingRegistrations, as `adaptive-spec train` builds it;
-tests/trainer/test_registry.py shows the same queue inside the real trainer process.
+tests/registry/test_registry.py shows the same queue inside the real trainer process.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_support import MlflowServer, write_adapter
 from support import BackgroundLoad, eventually, tiny_target
 
+from registry.client import AdapterRegistry
 from trainer.pending import PendingRegistrations
-from trainer.registry import AdapterRegistry
 
 pytestmark = pytest.mark.redis
 

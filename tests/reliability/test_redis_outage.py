@@ -12,17 +12,13 @@ records that reached the restarted Redis are counted there.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 import redis
+from support import MODEL, eventually, kill_redis
 
 from adaptive_spec.contracts import CORRECTION_STREAM
-from service.benchmarks.load import run_load
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, eventually, kill_redis
+from benchmarks.load import run_load
 
 pytestmark = pytest.mark.redis
 

@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import ast
 import inspect
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
+from support import MODEL, ServeProcess, eventually, kill_redis, listening_address
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, STATS_EVENTS_KEY
 from adaptive_spec.record import CorrectionRecord
 from service import deps
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, ServeProcess, eventually, kill_redis, listening_address
 
 pytestmark = pytest.mark.redis
 
@@ -53,7 +49,7 @@ def require_password(server, password: str) -> None:
 @pytest.fixture(scope="module")
 def locked_down(tmp_path_factory, tiny_model_dir):
     """A server with every secret set, on a Redis that requires a password, with an MLflow registry on sqlite."""
-    from service.local_redis import started_server
+    from launch.redis import started_server
 
     workdir = tmp_path_factory.mktemp("locked-down")
     redis_server = started_server(workdir)

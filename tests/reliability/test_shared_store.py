@@ -5,7 +5,7 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_shared_
 
 Real parts: `adaptive-spec serve` child processes on the tiny model, each with its watcher following
 the champion alias, and `adaptive-spec adapters list`, all launched in the same instant on a sqlite
-file that does not exist yet. Before trainer/mlflow_store.py, MLflow created the tables in every
+file that does not exist yet. Before registry/mlflow_store.py, MLflow created the tables in every
 process at once and the slower ones died ("table datasets already exists"): 12 of 15 processes in
 5 rounds of 3 opening the registry together.
 """
@@ -13,16 +13,13 @@ process at once and the slower ones died ("table datasets already exists"): 12 o
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import ChildProcess, ServeProcess, child_env
 
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV
-from service.local_redis import free_port
+from launch.redis import free_port
 
 ROUNDS = 2  # the race hit 4 processes in 5 (1 round misses it with p = 0.2 ** 4); each round is a new store
 SERVERS = 3
@@ -44,7 +41,7 @@ def test_servers_and_a_cli_started_together_on_a_new_sqlite_store_all_come_up(ro
     assert not database.exists()
     servers = [ServeProcess(tmp_path, tiny_model_dir, env, []) for _ in range(SERVERS)]
     cli = ChildProcess(
-        [sys.executable, "-m", "service.cli", "adapters", "list", "--json"],
+        [sys.executable, "-m", "cli", "adapters", "list", "--json"],
         tmp_path,
         child_env(**env),
         "adapters-list",

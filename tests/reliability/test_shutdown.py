@@ -15,18 +15,14 @@ those two outcomes, and counts which one happened.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import redis
+from support import MODEL, eventually
 
 from adaptive_spec.contracts import CORRECTION_STREAM
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import MODEL, eventually
 
 IN_FLIGHT = 6
 BODY = {"model": MODEL, "prompt": [5, 17, 33, 8, 5, 17], "max_tokens": 64, "temperature": 0}

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 import redis
+from support import TrainProcess, eventually
+from traffic import feed
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
 from adaptive_spec.record import CorrectionRecord
 from trainer.checkpoint import LATEST, read_records
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import TrainProcess, eventually
-from traffic import feed
 
 pytestmark = pytest.mark.redis
 

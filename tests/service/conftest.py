@@ -6,25 +6,20 @@ with live_server(tiny_engine, queue_size=1) as server:   # Settings fields as ke
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import uvicorn
-
-from adaptive_spec import Engine
-from service.app import create_app
-from service.local_redis import free_port
-from service.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib adds no test dir
 from tiny import tiny_target
 from tiny_chat import tiny_tokenizer
+
+from adaptive_spec import Engine
+from launch.redis import free_port
+from service.app import create_app
+from service.settings import Settings
 
 
 class LiveServer:

@@ -17,20 +17,16 @@ What must hold:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
 from polling import wait_for
 from registry_support import write_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from trainer.registry import AdapterRegistry
+from registry.client import AdapterRegistry
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

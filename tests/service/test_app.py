@@ -31,7 +31,7 @@ import httpx
 import openai
 import pytest
 from polling import wait_for
-from tiny import tiny_target  # on sys.path via conftest.py
+from tiny import tiny_target
 from tiny_chat import tiny_tokenizer
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD

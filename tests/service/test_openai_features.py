@@ -21,23 +21,19 @@ What must hold:
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import jsonschema
 import openai
 import pytest
 from polling import wait_for
+from tiny import tiny_target
+from tiny_bytes import tiny_byte_tokenizer
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib adds no test dir
-from tiny import tiny_target
-from tiny_bytes import tiny_byte_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.redis]
 

@@ -22,7 +22,6 @@ What must hold:
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import uuid
@@ -32,9 +31,6 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from mlflow import MlflowClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
 from polling import wait_for
 from registry_support import write_adapter
 from tiny import tiny_target
@@ -42,9 +38,9 @@ from tiny import tiny_target
 from adaptive_spec import Engine
 from adaptive_spec.adapters import WEIGHTS_FILE
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from registry.client import AdapterRegistry
 from service.settings import Settings
 from service.watcher import AdapterWatcher, start_watcher
-from trainer.registry import AdapterRegistry
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

@@ -17,14 +17,15 @@ What must hold:
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
+from tiny import llama
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir
@@ -41,10 +42,6 @@ from trainer.distill import (
     position_losses,
 )
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
-
-# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,12 +17,13 @@ What must hold:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import redis
 import torch
+from tiny import llama
+from traffic import greedy_records
 
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
@@ -31,10 +32,6 @@ from trainer.distill import LoraSettings
 from trainer.gate import adapters_disabled, draft_agreement
 from trainer.online import OnlineSettings, OnlineTrainer
 from trainer.stream import CorrectionStream
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama
-from traffic import greedy_records
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

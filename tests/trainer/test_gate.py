@@ -17,21 +17,18 @@ What must hold:
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
+from tiny import llama
+
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from trainer.distill import DraftTrainer, LoraSettings
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
-
-# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

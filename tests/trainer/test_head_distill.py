@@ -21,13 +21,16 @@ What must hold:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
+from adapter_files import make_adapter
+from tiny import llama
+from traffic import greedy_records
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError
@@ -38,12 +41,6 @@ from trainer.distill import examples_from_record, position_losses
 from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 from trainer.head_distill import HeadSettings, HeadTrainer, softmax_columns
 from trainer.head_model import TrainableHead, head_batch, unrolled
-
-# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from test_adapters import make_adapter
-from tiny import llama
-from traffic import greedy_records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,11 @@ from pathlib import Path
 import pytest
 import redis
 import torch
+from polling import wait_for
+
+# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
+from tiny import llama
+from traffic import greedy_records
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
@@ -47,14 +51,6 @@ from trainer.gate import Gate, GateFigures, draft_agreement
 from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion
-
-# pytest --import-mode=importlib adds no test dir; the tiny models live with the engine tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))
-from tiny import llama
-from traffic import greedy_records
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

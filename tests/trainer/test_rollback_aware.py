@@ -19,7 +19,6 @@ What must hold:
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,23 +29,21 @@ import torch
 from mlflow import MlflowClient
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
+from tiny import llama
+from traffic import greedy_records
 
 from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from adaptive_spec.contracts import NOT_PROMOTED_TAG, OUTSIDE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
-from service.local_redis import free_port
+from launch.redis import free_port
+from registry.client import AdapterRegistry
 from trainer.champion import RegistryChampion
 from trainer.distill import LoraSettings
 from trainer.gate import Gate, GateFigures, draft_agreement
 from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
 from trainer.pending import PendingRegistrations
-from trainer.registry import AdapterRegistry
 from trainer.stream import CorrectionStream
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
-from tiny import llama
-from traffic import greedy_records
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

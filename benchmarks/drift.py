@@ -1,0 +1,302 @@
+"""`adaptive-spec bench-drift`: acceptance and speed on a domain before and after online training.
+
+    adaptive-spec bench-drift --domain json_extraction --budget-minutes 30 --json drift.json
+    adaptive-spec bench-drift --domain sql --budget-minutes 8 --eval-prompts 8    # a quick look
+
+The run, within `--budget-minutes` in all:
+
+1. Split the domain's prompts (a shipped set, or `--prompts FILE.jsonl`) into held-out
+   evaluation prompts and traffic prompts, deterministically. Evaluation prompts are never
+   served as traffic, so nothing is trained on them.
+2. Before: on the evaluation prompts, time the target alone and speculative decoding with the
+   starting draft, interleaved (`bench.run_bench` without the HF paths).
+3. Traffic: serve the traffic prompts through the engine, each leaving a correction record in a
+   real Redis stream (a loopback redis-server is started unless REDIS_URL is set). Meanwhile
+   an `OnlineTrainer` consumes the stream through its consumer group, trains a LoRA adapter
+   on its own copy of the draft, gates each candidate on its held-out records, and every
+   promoted adapter is loaded into the serving engine at once.
+4. After: the same measurement as 2, with the last promoted adapter; then, for each `--after-k`,
+   the same again at that fixed k (`after_fixed_k` in the figures), so one run shows what the
+   adapter gives at every depth.
+5. Draft cost: one draft forward with that adapter as a fraction of a one-token target forward
+   (`draft_step_fraction`), timed side by side on a few held-out prompts (draft_cost.py).
+
+While the traffic runs, the acceptance of what it drafted is kept in windows of `window_s` seconds
+since training started (`live`, with the promotions in `promoted_s`): the learning curve that
+`--compare-drafts` plots per draft (compare.py).
+
+Traffic and training share the machine: each gets one torch thread during phase 3; the two
+measurements use all threads, with the trainer stopped, so before and after are comparable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import torch
+from tqdm import tqdm
+
+from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_ENV
+from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+from adaptive_spec.engine import Engine
+from adaptive_spec.prompts import PromptItem
+from benchmarks.bench import run_bench
+from benchmarks.draft_cost import COST_K, measure_draft_cost
+from service.correction_log import CorrectionLogWriter
+from trainer.decision import StatisticalGate, Thresholds
+from trainer.drafts import TARGET_DRAFTS, trainable_draft
+from trainer.online import OnlineSettings, OnlineTrainer
+from trainer.stream import CorrectionStream
+
+log = logging.getLogger(__name__)
+
+PHASE_KEYS = ("acceptance_rate", "mean_acceptance_length", "speedup_vs_target", "identical")
+
+
+@dataclass
+class DriftSettings:
+    budget_minutes: float = 30.0
+    eval_prompts: int = 24
+    max_new_tokens: int = 64
+    k: int | None = None
+    train_tail_s: float = 120.0  # training may go on this long after the traffic ends
+    seed: int = 0
+    holdout_fraction: float = 0.2  # of traffic records, kept for the trainer's gate
+    gate_min_positions: int = 128
+    after_k: tuple[int, ...] = ()  # extra after-measurements at these fixed k
+    cost_prompts: int = 4  # held-out prompts the draft cost is timed on, after training
+    window_s: float = 30.0  # live acceptance windows of the traffic
+
+
+def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
+    """(held-out evaluation, traffic): a seeded shuffle, the first `eval_count` held out."""
+    if len(items) < eval_count + 8:
+        raise ValueError(
+            f"need at least {eval_count + 8} prompts for {eval_count} held-out ones plus traffic, got {len(items)}"
+        )
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order[:eval_count], order[eval_count:]
+
+
+def run_drift(
+    engine: Engine,
+    items: list[PromptItem],
+    domain: str,
+    settings: DriftSettings,
+    redis_url: str,
+    workdir: Path,
+    progress: bool = True,
+    stream_name: str | None = None,
+) -> dict:
+    """`stream_name`: the correction stream to use; by default the standard one on a private Redis, a fresh
+    one (deleted at the end) when REDIS_URL names a shared server."""
+    started = time.monotonic()
+    deadline = started + settings.budget_minutes * 60
+    draft = _draft_to_train(engine)
+    held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
+
+    before = run_bench(
+        engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="before"
+    )
+    eval_s = time.monotonic() - started
+    # Leave room for the second measurement (it may run slower with a larger k), the draft cost's
+    # pass (two generations per prompt, as the measurement) and the write-up.
+    cost_share = min(settings.cost_prompts, len(held_out)) / len(held_out)
+    traffic_deadline = deadline - 1.3 * eval_s * (1 + len(settings.after_k) + cost_share) - 15
+
+    stream_name = stream_name or (
+        CORRECTION_STREAM
+        if os.environ.get(REDIS_URL_ENV) is None
+        else f"{CORRECTION_STREAM}:drift-{uuid.uuid4().hex[:8]}"
+    )
+    writer = CorrectionLogWriter(redis_url, stream=stream_name)
+    client = redis.Redis.from_url(redis_url)
+    stream = CorrectionStream(client, stream=stream_name, consumer="bench-drift-trainer")
+    stream.ensure_group()
+    swaps: list[float] = []
+    promoted_s: list[float] = []  # when each promoted adapter was served, in seconds since training started
+    served_requests: list[tuple[float, int, int]] = []  # (seconds since training started, drafted, accepted)
+
+    def promote(version) -> None:
+        swaps.append(engine.load_adapter(version.path, str(version.version)))
+        promoted_s.append(time.monotonic() - training_started)
+
+    # A benchmark sees minutes of traffic, not hours: a larger held-out share than a server's trainer
+    # keeps, so the statistical gate has its first records sooner; the gate itself is the trainer's.
+    online = OnlineSettings(
+        workdir / ADAPTERS_DIR,
+        target_id=engine.target_id,
+        draft_id=engine.draft_id,
+        gate=StatisticalGate(Thresholds(min_positions=settings.gate_min_positions)),
+        holdout_fraction=settings.holdout_fraction,
+    )
+    trainer = OnlineTrainer(draft, stream, online, on_promote=promote)
+    stop = threading.Event()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    worker = threading.Thread(target=_train, args=(trainer, stop, deadline), name="trainer", daemon=True)
+    training_started = time.monotonic()
+    worker.start()
+    served = 0
+    engine.record_topk = 16
+    try:
+        bar = tqdm(traffic, desc="traffic", unit="prompt", disable=not progress, file=sys.stderr)
+        for item in bar:
+            if time.monotonic() > traffic_deadline:
+                break
+            out = engine.generate(
+                item.prompt, settings.max_new_tokens, k=settings.k, response_format=item.response_format
+            )
+            writer.log(  # as the server logs a finished request
+                out,
+                request_id=uuid.uuid4().hex,
+                domain=item.domain or domain,
+                target_id=engine.target_id,
+                draft_id=engine.draft_id,
+                temperature=0.0,
+            )
+            served += 1
+            served_requests.append((time.monotonic() - training_started, out.stats.drafted, out.stats.accepted))
+            bar.set_postfix(
+                adapter=engine.adapter_version or "base",
+                promoted=trainer.adapters_promoted,
+                consumed=trainer.records_consumed,
+            )
+        tail_end = min(time.monotonic() + settings.train_tail_s, traffic_deadline)
+        while time.monotonic() < tail_end and worker.is_alive():
+            time.sleep(1.0)
+    finally:
+        engine.record_topk = 0
+        stop.set()
+        worker.join()
+        torch.set_num_threads(threads)
+        writer.close(timeout=5)
+        if stream_name != CORRECTION_STREAM:
+            client.delete(stream_name)
+        client.close()
+
+    after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="after")
+    fixed = {
+        k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress, desc=f"after, k={k}")
+        for k in settings.after_k
+    }
+    cost_prompts = [item.prompt for item in held_out[: settings.cost_prompts]]
+    cost = measure_draft_cost(engine, cost_prompts, settings.max_new_tokens, settings.k or COST_K)
+    return {
+        "domain": domain,
+        "before": {key: before[key] for key in PHASE_KEYS} | _extras(before),
+        "after": {key: after[key] for key in PHASE_KEYS} | _extras(after),
+        "after_fixed_k": {str(k): {key: f[key] for key in PHASE_KEYS} | _extras(f) for k, f in fixed.items()},
+        "records_consumed": trainer.records_consumed,
+        "tokens_consumed": trainer.tokens_consumed,
+        "train_s": trainer.train_s,
+        "adapters_promoted": trainer.adapters_promoted,
+        "budget_minutes": settings.budget_minutes,
+        "elapsed_minutes": (time.monotonic() - started) / 60,
+        "traffic_prompts_served": served,
+        "eval_prompts": len(held_out),
+        "adapter_version": engine.adapter_version,
+        "swap_pause_ms_max": max(swaps) * 1000 if swaps else None,
+        "records_written": writer.written,
+        "records_dropped": writer.dropped,
+        "target": engine.target_id,
+        "draft": engine.draft_id,
+        "k": settings.k if settings.k is not None else "dynamic",
+        "max_new_tokens": settings.max_new_tokens,
+        **cost,
+        "live": live_windows(served_requests, settings.window_s),
+        "window_s": settings.window_s,
+        "promoted_s": promoted_s,
+    }
+
+
+def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[dict]:
+    """Traffic requests, (finished at t seconds, drafted, accepted), pooled into windows of `window_s`:
+    each window's acceptance is accepted / drafted over its requests (None when it drafted nothing),
+    placed at the window's end. Requests at 3, 20 and 40 s with 30 s windows: two windows, at 30
+    and 60 s."""
+    windows: dict[int, list[int]] = {}
+    for t, drafted, accepted in served:
+        window = windows.setdefault(int(t // window_s), [0, 0, 0])
+        window[0] += 1
+        window[1] += drafted
+        window[2] += accepted
+    return [
+        {
+            "t_s": (index + 1) * window_s,
+            "requests": requests,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+        }
+        for index, (requests, drafted, accepted) in sorted(windows.items())
+    ]
+
+
+def _extras(figures: dict) -> dict:
+    return {
+        key: figures[key]
+        for key in ("target_tok_s", "spec_tok_s", "drafted", "accepted", "free_drafted", "free_accepted")
+    }
+
+
+def _train(trainer, stop: threading.Event, deadline: float) -> None:
+    torch.set_num_threads(1)
+    try:
+        trainer.run(stop, budget_s=max(0.0, deadline - time.monotonic()))
+    except Exception:  # a dead trainer must not take the serving side with it; the figures will show it
+        log.exception("trainer stopped with an error")
+
+
+def _draft_to_train(engine):
+    """The trainer's draft over the engine's own target: an early-exit draft or a head (ngram+ as well)."""
+    spec = parse_draft_spec(engine.draft_id)
+    if spec.kind not in TARGET_DRAFTS:
+        raise DraftSpecError(f"bench-drift trains early-exit:N and head drafts; got draft {engine.draft_id!r}")
+    return trainable_draft(spec, engine.target)
+
+
+def format_report(figures: dict) -> str:
+    b, a = figures["before"], figures["after"]
+
+    def f(value, fmt=".3f"):
+        return "n/a" if value is None else format(value, fmt)
+
+    return "\n".join(
+        [
+            f"domain {figures['domain']}: {figures['traffic_prompts_served']} traffic prompts served, "
+            f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
+            f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
+            f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
+            f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
+            f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
+            f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
+            f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
+            f"  identical to target    {b['identical']}     {a['identical']}",
+            f"  draft step / target step {f(figures['draft_step_fraction'])} after training "
+            f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms medians, "
+            f"timed side by side at k={figures['cost_k']})",
+            *(
+                f"  after at fixed k={k}: acceptance rate {f(x['acceptance_rate'])}, mean acceptance length "
+                f"{f(x['mean_acceptance_length'], '.2f')}, speedup {f(x['speedup_vs_target'], '.2f')}x, "
+                f"identical {x['identical']}"
+                for k, x in figures.get("after_fixed_k", {}).items()
+            ),
+        ]
+    )
+
+
+def temporary_workdir(data_dir: Path) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="bench-drift-", dir=data_dir))

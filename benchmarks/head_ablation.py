@@ -1,0 +1,257 @@
+"""What each part of the head's training recipe contributes (issue 13): the same correction records,
+one fresh head per recipe, scored on the same held-out records.
+
+    .venv/bin/python -m benchmarks.head_ablation --domain python --train-records 128 \\
+        --json ablation.json --plot ablation.png --records-file /tmp/python-records.bin
+        # about 8 min of generation (2 threads), then about 6 min a recipe at one thread (unroll-2: 12)
+    .venv/bin/python -m benchmarks.head_ablation --recipes rank-16,no-regression --steps 60
+
+1. Records: the domain's prompts are split as `bench-drift` splits them (its held-out evaluation
+   prompts are left out here too), and the first `--train-records + --heldout-records` traffic
+   prompts are generated greedily by the target with the base head drafting, each leaving the
+   correction record a server would log (the target's top-16 at each output position). With
+   `--records-file` they are kept there and read back by the next run, so recipes can be added
+   without generating again.
+2. Per recipe: a fresh `TrainableHead` on the default model and a `HeadTrainer` with the recipe's
+   `HeadSettings` take `--steps` optimiser steps, each on a batch the replay buffer samples from
+   the training records (`batch_tokens` input tokens, as the online trainer does). Every
+   `--eval-every` steps, and at the end, the held-out records are scored:
+   - `match_1`: the gate's greedy match of the first draft token (the head reads the target's true
+     state), the figure the online gate decides on;
+   - `chain_match`: the greedy match of draft steps 1..depth on the head's own predicted states, each
+     given the steps before it were right (`TrainableHead.chain_figures`);
+   - `accepted_per_round`: the draft tokens a greedy verify of k = depth would accept, per round.
+3. Figures as JSON (`--json`): per recipe its settings, the curve and the final figures; `--plot`
+   draws the curves (first-token match, and tokens accepted per round at k = depth).
+
+Teacher-forced figures, not timings: the speed of a recipe comes from `bench-drift`, which serves
+real traffic. Recipes (`--recipes`, any of these names), each `HeadSettings` with one change from
+rank-16 (LoRA rank 16, alpha 32, regression weight 1, noise 0.1, unroll 1, lr 1e-3, the head's
+defaults until rank 64 replaced rank 16):
+
+    rank-16        the baseline
+    no-regression  regression_weight 0: the KL alone
+    no-noise       noise 0: the true states exactly
+    noise-0.3      noise 0.3
+    rank-4, rank-64  LoRA rank 4 or 64 (alpha = 2 r, the same scale); rank-64 is HeadSettings() now
+    unroll-2       a second draft step trained on the head's own states
+    lr-3e-3        the optimiser's learning rate 3e-3
+    unroll-2-rank-64  unroll 2 at rank 64 (HeadSettings(unroll=2))
+    softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
+                   (every other recipe: the batch's, HeadSettings.softmax)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from adaptive_spec.contracts import DEFAULT_MODEL
+from adaptive_spec.record import CorrectionRecord, record_from_output
+from service.finite import finite
+from trainer.buffer import ReplayBuffer
+from trainer.distill import examples_from_record
+from trainer.head_distill import HeadSettings, HeadTrainer
+from trainer.head_model import TrainableHead
+
+BASE = {"r": 16, "alpha": 32}  # the recipes differ from this one (the head's default before rank 64) in one thing
+RECIPES = {
+    "rank-16": BASE,
+    "no-regression": BASE | {"regression_weight": 0.0},
+    "no-noise": BASE | {"noise": 0.0},
+    "noise-0.3": BASE | {"noise": 0.3},
+    "rank-4": {"r": 4, "alpha": 8},
+    "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() now
+    "unroll-2": BASE | {"unroll": 2},
+    "lr-3e-3": BASE | {"lr": 3e-3},
+    "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
+    "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
+}
+RECORD_TOPK = 16
+
+
+def generate_records(engine, prompts, max_new_tokens: int, domain: str) -> list[CorrectionRecord]:
+    """Greedy generations of the prompts, each as the correction record a server would log."""
+    engine.record_topk = RECORD_TOPK
+    records = []
+    for item in tqdm(prompts, desc="records", unit="prompt", file=sys.stderr):
+        out = engine.generate(item.prompt, max_new_tokens, response_format=item.response_format)
+        records.append(record_from_output(out, request_id=uuid.uuid4().hex, created_at=time.time(), domain=domain,
+                                          target_id=engine.target_id, draft_id=engine.draft_id, temperature=0.0))  # fmt: skip
+    engine.record_topk = 0
+    return records
+
+
+def save_records(path: Path, records: list[CorrectionRecord]) -> None:
+    """Length-prefixed `CorrectionRecord.encode()` bytes, one after another."""
+    with path.open("wb") as out:
+        for record in records:
+            data = record.encode()
+            out.write(len(data).to_bytes(4, "little") + data)
+
+
+def load_records(path: Path) -> list[CorrectionRecord]:
+    data, records, at = path.read_bytes(), [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "little")
+        records.append(CorrectionRecord.decode(data[at + 4 : at + 4 + size]))
+        at += 4 + size
+    return records
+
+
+def score(head: TrainableHead, heldout, depth: int) -> dict:
+    chain = head.chain_figures(heldout, depth=depth)
+    return {
+        "match_1": head.gate_figures(heldout).greedy_match,
+        "chain_match": chain["match"],
+        "accepted_per_round": chain["accepted_per_round"],
+    }
+
+
+def run_recipe(target, name: str, train, heldout, args) -> dict:
+    """Train a fresh head with one recipe on `train` (examples) and score it on `heldout` as it goes."""
+    torch.manual_seed(args.seed)
+    settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **RECIPES[name]})
+    head = TrainableHead(target)
+    trainer = HeadTrainer(head, settings, target_id="target", draft_id="head")
+    buffer = ReplayBuffer(10**9)
+    for example in train:
+        buffer.add(example)
+    rng = np.random.default_rng(args.seed)
+    curve = [{"step": 0, **score(head, heldout, args.depth)}]
+    started = time.monotonic()
+    for step in tqdm(range(1, args.steps + 1), desc=name, unit="step", file=sys.stderr):
+        trainer.train_step(buffer.sample_batch(rng, settings.batch_tokens))
+        if step % args.eval_every == 0 or step == args.steps:
+            curve.append({"step": step, **score(head, heldout, args.depth)})
+            print(f"{name} step {step}: {json.dumps(curve[-1])}", file=sys.stderr)
+    return {"settings": RECIPES[name], "train_s": time.monotonic() - started, "curve": curve, **curve[-1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.head_ablation",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Recipes: " + ", ".join(RECIPES),
+    )
+    parser.add_argument("--target", default=DEFAULT_MODEL)
+    parser.add_argument("--domain", default="python", help="a shipped prompt set (default: %(default)s)")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated (default: all)")
+    parser.add_argument("--train-records", type=int, default=160, help="about 30 min of bench-drift traffic")
+    parser.add_argument("--heldout-records", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=200, help="optimiser steps per recipe (default: %(default)s)")
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--batch-tokens", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=4, help="draft steps scored on the head's own states")
+    parser.add_argument("--eval-prompts", type=int, default=24, help="bench-drift's held-out prompts, left out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--records-file", type=Path, help="keep the generated records here, or read them")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="a PNG of the curves")
+    parser.add_argument("--from-json", type=Path, nargs="+", help="plot these result files (merged), run nothing")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        figures = json.loads(args.from_json[0].read_text())
+        for extra in args.from_json[1:]:
+            figures["recipes"] |= json.loads(extra.read_text())["recipes"]
+        if args.json:
+            _write(args.json, figures)
+        if args.plot:
+            plot(figures, args.plot)
+        return 0
+    names = [name for name in args.recipes.split(",") if name]
+    unknown = [name for name in names if name not in RECIPES]
+    if unknown:
+        parser.error(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
+
+    from adaptive_spec.engine import Engine
+    from adaptive_spec.prompts import load_prompts
+    from benchmarks.drift import split_prompts
+    from benchmarks.prompts import shipped
+
+    engine = Engine.from_pretrained(target=args.target, draft="head")
+    if args.records_file and args.records_file.exists():
+        records = load_records(args.records_file)
+        print(f"{len(records)} records read from {args.records_file}", file=sys.stderr)
+    else:
+        _, traffic = split_prompts(load_prompts(shipped(args.domain)), args.eval_prompts, args.seed)
+        wanted = args.train_records + args.heldout_records
+        records = generate_records(engine, traffic[:wanted], args.max_new_tokens, args.domain)
+        if args.records_file:
+            save_records(args.records_file, records)
+    random.Random(args.seed).shuffle(records)
+    heldout = records[: args.heldout_records]
+    train = [examples_from_record(record) for record in records[args.heldout_records :]]
+    figures = {
+        "domain": args.domain,
+        "target": args.target,
+        "train_records": len(train),
+        "heldout_records": len(heldout),
+        "train_tokens": sum(example.num_tokens for example in train),
+        "steps": args.steps,
+        "batch_tokens": args.batch_tokens,
+        "depth": args.depth,
+        "torch_threads": torch.get_num_threads(),
+        "recipes": {},
+    }
+    for name in names:
+        figures["recipes"][name] = run_recipe(engine.target, name, train, heldout, args)
+        if args.json:  # after each recipe, so a long run leaves what it has
+            _write(args.json, figures)
+    if args.plot:
+        plot(figures, args.plot)
+    for name, result in figures["recipes"].items():
+        chain = " ".join(f"{value:.3f}" for value in result["chain_match"])
+        print(f"{name:14s} match_1 {result['match_1']:.3f}  chain {chain}  "
+              f"accepted/round {result['accepted_per_round']:.3f}  ({result['train_s']:.0f} s)")  # fmt: skip
+    return 0
+
+
+def plot(figures: dict, path: Path) -> None:
+    """Two panels over optimiser steps, one line per recipe: the first draft token's match (the gate's
+    figure, on the target's true state), and draft tokens accepted per round at k = depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (first, rounds) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for index, (name, result) in enumerate(figures["recipes"].items()):
+        steps = [point["step"] for point in result["curve"]]
+        style = dict(marker="o", ms=3, lw=1.8, color=f"C{index % 10}", label=name)
+        first.plot(steps, [point["match_1"] for point in result["curve"]], **style)
+        rounds.plot(steps, [point["accepted_per_round"] for point in result["curve"]], **style)
+    first.set_ylabel("first draft token: greedy match on held-out records")
+    rounds.set_ylabel(f"draft tokens accepted per round at k = {figures['depth']}")
+    for axis in (first, rounds):
+        axis.set_xlabel(f"optimiser steps ({figures['batch_tokens']} tokens each)")
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    first.legend(fontsize=8)
+    fig.suptitle(
+        f"head recipes on {figures['train_records']} {figures['domain']} records, scored on {figures['heldout_records']} "
+        f"held-out records (teacher-forced; {Path(str(figures['target'])).name})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write(path: Path, figures: dict) -> None:
+    path.write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,443 @@
+"""`adaptive-spec bench-serve`: serving throughput and latency at several concurrency levels.
+
+    adaptive-spec bench-serve                                   # default model, head draft, 1,2,4,8 users, 60 s each
+    adaptive-spec bench-serve --concurrency 1,4 --duration-s 20 --json serve.json --plot serve.png
+    adaptive-spec bench-serve --adapter ./adapters/v7 --prompts python   # a trained draft on its domain
+    adaptive-spec bench-serve --target ./tiny --draft early-exit:1 --concurrency 1,2 --duration-s 3 --max-new-tokens 8
+
+For each configuration it starts an `adaptive-spec serve` of its own on a free loopback port (no
+Redis, no registry) and waits for it to load; all of them stay up, and only one gets traffic at a
+time. At each concurrency level, closed-loop users run against each server in turn: each user
+sends a streamed chat completion, reads it to the end, and sends the next at once, so the offered
+load follows the server's speed. The window of a level is split into `rounds` (default 3) that
+visit the servers in alternating order (A B C, C B A, A B C): on a shared VM the speed of the
+machine drifts by tens of percent over minutes, and timing the configurations one after another
+turned that drift into their ratios (the same server gave 44 and 61 tok/s in two runs an hour
+apart; with the order reversed, batched speculative went from 0.59x to 1.15x batched plain). The
+configurations:
+
+- `one_at_a_time`: `--max-batch 1`, speculative with dynamic k: the server as it was before
+  continuous batching, the baseline of the batching figures;
+- `batched_plain`: `--max-batch N`, every request with `adaptive_spec.speculative: false`
+  (the target alone, batched);
+- `batched_speculative`: `--max-batch N`, speculative with dynamic k.
+
+Per configuration and level (`runs` in the JSON): output tokens/s (completion tokens of every
+request answered in the window over the window), requests/s, latency p50/p99 (send to last
+byte), time to first token p50/p99 (send to the first content chunk), time per output token
+(mean over requests of (latency - ttft) / (tokens - 1)), errors (any non-200 or transport
+failure), `identical` (every output equals the target alone's text for its prompt; the reference
+is decoded once, one request at a time, by the first server with `speculative: false`), and the
+mean `k` and `batch_size` the engine chose over the window, read from its /metrics.
+
+A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
+from adaptive_spec.prompts import PromptItem
+from launch.redis import free_port
+from service.metrics import PREFIX
+
+CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")
+SERVER_START_TIMEOUT_S = 600.0  # the first start converts the default model's GGUF file
+
+
+@dataclass
+class ServeBenchSettings:
+    target: str
+    draft: str
+    adapter: str | None = None  # an adapter directory to serve
+    k: int | None = None  # None: dynamic k
+    dtype: str = "auto"
+    device: str = "auto"
+    max_new_tokens: int = 64
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    duration_s: float = 60.0  # per configuration and level, over all rounds
+    rounds: int = 3  # the window of a level split into this many visits per server, in alternating order
+    max_batch: int = 8
+    configs: tuple[str, ...] = CONFIGS
+    cli: tuple[str, ...] = (sys.executable, "-m", "cli")  # how to start `adaptive-spec`
+
+
+@dataclass
+class Reply:
+    prompt: int  # index into the prompts
+    sent: float
+    ttft_s: float | None = None
+    latency_s: float = math.nan
+    tokens: int = 0
+    text: str = ""
+    status: int | None = None  # None: a transport failure
+    error: str = ""
+
+
+@dataclass
+class Level:
+    config: str
+    concurrency: int
+    replies: list[Reply] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    steps: float = 0.0  # decoding steps the engine took in the window, from its /metrics
+    rows: float = 0.0  # sum over those steps of the rows in the batch
+    k_sum: float = 0.0  # sum over those steps of the k drafted
+
+    @property
+    def k(self) -> float | None:
+        return self.k_sum / self.steps if self.steps > 0 else None
+
+    @property
+    def batch_size(self) -> float | None:
+        return self.rows / self.steps if self.steps > 0 else None
+
+    def add(self, part: Level) -> None:
+        """Fold in one round's window."""
+        self.replies += part.replies
+        self.elapsed_s += part.elapsed_s
+        self.steps += part.steps
+        self.rows += part.rows
+        self.k_sum += part.k_sum
+
+    def figures(self, reference: list[str]) -> dict:
+        ok = [r for r in self.replies if r.status == 200]
+        tokens = sum(r.tokens for r in ok)
+        latencies = [r.latency_s for r in ok]
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        tpots = [(r.latency_s - r.ttft_s) / (r.tokens - 1) for r in ok if r.ttft_s is not None and r.tokens > 1]
+        elapsed = self.elapsed_s or math.nan
+        return {
+            "config": self.config,
+            "concurrency": self.concurrency,
+            "requests": len(self.replies),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "output_tok_s": round(tokens / elapsed, 2),
+            "requests_per_s": round(len(ok) / elapsed, 3),
+            "latency_p50_s": _round(percentile(latencies, 50)),
+            "latency_p99_s": _round(percentile(latencies, 99)),
+            "ttft_p50_s": _round(percentile(ttfts, 50)),
+            "ttft_p99_s": _round(percentile(ttfts, 99)),
+            "tpot_s": _round(statistics.fmean(tpots) if tpots else math.nan),
+            "errors": len(self.replies) - len(ok),
+            "identical": bool(ok) and all(r.text == reference[r.prompt] for r in ok),
+            "mismatched": sum(r.text != reference[r.prompt] for r in ok),
+            "k": None if self.k is None else round(self.k, 3),
+            "batch_size": None if self.batch_size is None else round(self.batch_size, 3),
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: p50 of [1, 2, 3, 4] is 2."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 4)
+
+
+def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: Callable[[str], None] = print) -> dict:
+    """Every configuration at every concurrency level, the servers taking turns; the figures as a dict."""
+    configs = list(settings.configs)
+    levels = {(config, users): Level(config, users) for config in configs for users in settings.concurrency}
+    figures: dict[tuple[str, int], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="adaptive-spec-bench-serve-") as workdir, ExitStack() as servers:
+        urls = {
+            config: servers.enter_context(
+                served(settings, 1 if config == "one_at_a_time" else settings.max_batch, Path(workdir) / config, log)
+            )
+            for config in configs
+        }
+        log(f"reference: {len(items)} prompts, target alone, one at a time")
+        reference = asyncio.run(_reference(urls[configs[0]], items, settings.max_new_tokens))
+        window = settings.duration_s / settings.rounds
+        for users in settings.concurrency:
+            for config in configs:  # warm up each server at this batch size
+                asyncio.run(_closed_loop(urls[config], items, users, min(3.0, window), settings, _speculative(config)))
+            for turn in range(settings.rounds):
+                for config in configs if turn % 2 == 0 else configs[::-1]:
+                    part = asyncio.run(_measure(urls[config], config, items, users, window, settings))
+                    levels[config, users].add(part)
+            for config in configs:
+                figures[config, users] = levels[config, users].figures(reference)
+                log(run_line(figures[config, users]))
+    runs = [figures[config, users] for config in configs for users in settings.concurrency]
+    return {
+        "runs": runs,
+        "identical": bool(runs) and all(run["identical"] for run in runs),
+        "prompts": len(items),
+        "max_new_tokens": settings.max_new_tokens,
+        "draft": settings.draft,
+        "adapter": settings.adapter,
+        "target": settings.target,
+        "max_batch": settings.max_batch,
+        "duration_s": settings.duration_s,
+        "rounds": settings.rounds,
+        "k_setting": settings.k,
+    }
+
+
+# ---------------------------------------------------------------------------------------- servers
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child process's environment: this one without Redis or MLflow (a benchmark's servers talk to
+    none unless `extra` names them), plus `extra`."""
+    env = {key: value for key, value in os.environ.items() if key not in (REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV)}
+    return {**env, **(extra or {})}
+
+
+@contextmanager
+def served(
+    settings: ServeBenchSettings,
+    max_batch: int,
+    data_dir: Path,
+    log: Callable[[str], None],
+    extra_env: dict[str, str] | None = None,
+):
+    """An `adaptive-spec serve` on a free loopback port; yields its URL and stops it (SIGTERM, by pid).
+    `extra_env` is added last (a Redis, a registry, settings of its own)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = child_env()
+    served_settings = {
+        "MAX_BATCH": str(max_batch),
+        "ADAPTER_POLL_S": "0",
+        "QUEUE_SIZE": str(max(32, 4 * max(settings.concurrency))),
+        "REQUEST_TIMEOUT_S": "3600",
+        **({"ADAPTER": str(settings.adapter)} if settings.adapter else {}),
+    }
+    env.update({ENV_PREFIX + name: value for name, value in served_settings.items()})
+    env.update(extra_env or {})
+    command = [
+        *settings.cli,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--target",
+        settings.target,
+        "--draft",
+        settings.draft,
+        "--dtype",
+        settings.dtype,
+        "--device",
+        settings.device,
+        "--data-dir",
+        str(data_dir),
+    ]
+    if settings.k is not None:
+        command += ["--k", str(settings.k)]
+    log_path = data_dir / "server.log"
+    log(f"starting a server with --max-batch {max_batch} on port {port} (log: {log_path})")
+    with open(log_path, "wb") as server_log:
+        process = subprocess.Popen(
+            command, env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, process, log_path)
+        yield url
+    finally:
+        stop_process(process, 60)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM a child this benchmark started (by its pid), SIGKILL it after `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until_up(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the server exited with code {process.returncode} while starting:\n{tail}")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s (log: {log_path})")
+
+
+# ---------------------------------------------------------------------------------------- clients
+
+
+def _body(item: PromptItem, model: str, max_tokens: int, speculative: bool, stream: bool) -> tuple[str, dict]:
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        "adaptive_spec": {"speculative": speculative, "log": False},
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if isinstance(item.prompt, str):
+        return "/v1/completions", {**body, "prompt": item.prompt}
+    return "/v1/chat/completions", {**body, "messages": item.prompt}
+
+
+async def model_name(client: httpx.AsyncClient, url: str) -> str:
+    """The model a server serves, as its /v1/models names it."""
+    return (await client.get(url + "/v1/models")).raise_for_status().json()["data"][0]["id"]
+
+
+async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list[str]:
+    async with httpx.AsyncClient(timeout=3600) as client:
+        model = await model_name(client, url)
+        texts = []
+        for item in items:
+            path, body = _body(item, model, max_tokens, speculative=False, stream=False)
+            choice = (await client.post(url + path, json=body)).raise_for_status().json()["choices"][0]
+            texts.append(choice["message"]["content"] if "message" in choice else choice["text"])
+        return texts
+
+
+def _speculative(config: str) -> bool:
+    return config != "batched_plain"
+
+
+async def _measure(
+    url: str, config: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings
+) -> Level:
+    level = Level(config, users)
+    before = await _counters(url)
+    started = time.monotonic()
+    level.replies = await _closed_loop(url, items, users, duration_s, settings, _speculative(config))
+    level.elapsed_s = time.monotonic() - started
+    after = await _counters(url)
+    level.steps = after.get("steps", 0) - before.get("steps", 0)
+    if level.steps > 0:
+        level.rows = after["rows"] - before["rows"]
+        level.k_sum = after["k"] - before["k"]
+    return level
+
+
+async def _closed_loop(
+    url: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings, speculative: bool
+) -> list[Reply]:
+    """`users` closed-loop users for `duration_s`; requests under way at the end finish."""
+    deadline = time.monotonic() + duration_s
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=users + 2)) as client:
+        model = await model_name(client, url)
+        per_user = await asyncio.gather(
+            *(
+                _user(client, url, model, items, u, users, deadline, settings.max_new_tokens, speculative)
+                for u in range(users)
+            )
+        )
+    return [reply for replies in per_user for reply in replies]
+
+
+async def _user(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    items: list[PromptItem],
+    user: int,
+    users: int,
+    deadline: float,
+    max_tokens: int,
+    speculative: bool,
+) -> list[Reply]:
+    replies, n = [], 0
+    while time.monotonic() < deadline:
+        index = (user + n * users) % len(items)
+        n += 1
+        replies.append(await _one(client, url, model, items[index], index, max_tokens, speculative))
+        if replies[-1].status is None:
+            await asyncio.sleep(0.1)  # a refused connection returns at once: do not spin
+    return replies
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, item: PromptItem, index: int, max_tokens: int, speculative: bool
+) -> Reply:
+    path, body = _body(item, model, max_tokens, speculative, stream=True)
+    reply = Reply(index, time.monotonic())
+    try:
+        async with client.stream("POST", url + path, json=body) as response:
+            reply.status = response.status_code
+            if response.status_code != 200:
+                reply.error = (await response.aread()).decode(errors="replace")[:300]
+                return reply
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    reply.status, reply.error = 500, str(event["error"])[:300]
+                    continue
+                for choice in event.get("choices", []):
+                    delta = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                    if delta:
+                        if reply.ttft_s is None:
+                            reply.ttft_s = time.monotonic() - reply.sent
+                        reply.text += delta
+                if event.get("usage"):
+                    reply.tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        reply.status, reply.error = None, type(exc).__name__
+    reply.latency_s = time.monotonic() - reply.sent
+    return reply
+
+
+async def _counters(url: str) -> dict[str, float]:
+    """The engine's step counters from /metrics: steps, rows decoded (sum of batch sizes), k drafted."""
+    names = {
+        PREFIX + "batch_steps_total": "steps",
+        PREFIX + "batch_rows_total": "rows",
+        PREFIX + "batch_draft_k_total": "k",
+    }
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(url + "/metrics")).text
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            found[names[name]] = float(value)
+    return found
+
+
+def run_line(run: dict) -> str:
+    """One configuration at one concurrency, as a line of the report."""
+
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    return (
+        f"{run['config']:<20} {run['concurrency']:>3} users  {fmt(run['output_tok_s'], '8.1f')} tok/s  "
+        f"{fmt(run['requests_per_s'], '6.2f')} req/s  latency p50 {fmt(run['latency_p50_s'], '6.2f')} s "
+        f"p99 {fmt(run['latency_p99_s'], '6.2f')} s  ttft p50 {fmt(run['ttft_p50_s'], '5.3f')} s  "
+        f"tpot {fmt(run['tpot_s'], '6.4f')} s  k {fmt(run['k'], '4.2f')}  batch {fmt(run['batch_size'], '4.2f')}  "
+        f"errors {run['errors']}  identical {run['identical']}"
+    )

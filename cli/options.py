@@ -1,0 +1,190 @@
+"""What the `adaptive-spec` commands share: argument types, the model flags, engine loading, JSON
+figures, and a loopback Redis for the commands that need one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, REDIS_URL_ENV
+
+DTYPES = ["auto", "fp32", "bf16", "fp16"]
+
+
+class CommandError(Exception):
+    """A command that cannot do what was asked (e.g. no redis-server to start): exit 2 with the message."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def confidence(text: str) -> float:
+    """A one-sided confidence in [0.5, 1), e.g. 0.99."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.99, got {text!r}") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0.5 and below 1, got {value}")
+    return value
+
+
+def k_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, got {text!r}") from None
+    if any(k < 1 for k in values):
+        raise argparse.ArgumentTypeError(f"each k must be >= 1, got {text!r}")
+    return values
+
+
+def prompt_file(text: str) -> Path:
+    """--prompts: a JSONL file, or the name of a shipped prompt set."""
+    from adaptive_spec.prompts import PromptFileError
+    from benchmarks.prompts import prompt_source
+
+    try:
+        return prompt_source(text)
+    except PromptFileError as exc:
+        raise argparse.ArgumentTypeError(f"no file {text!r}, and {exc}") from None
+
+
+def resolve_draft(args: argparse.Namespace) -> None:
+    """--draft's default, set after parsing. argparse tells a given option from its default by
+    identity (`value is not action.default`), so with the default in the parser `--draft head
+    --compare-drafts ...` would pass as "--draft not given" whenever the two strings are one
+    object (interned), and the conflict would go unreported."""
+    if getattr(args, "default_draft", None) and args.draft is None:
+        args.draft = args.default_draft
+
+
+def model_options(parser: argparse.ArgumentParser):
+    """--target, --draft, --k, --max-new-tokens, --dtype, --device (DESIGN.md: generate, bench, bench-drift).
+    Returns the mutually exclusive group --draft is in, for a command's alternative to it
+    (bench-drift --compare-drafts)."""
+    group = parser.add_argument_group("models")
+    group.add_argument(
+        "--target",
+        default=DEFAULT_MODEL,
+        help=f"target model: the built-in {DEFAULT_MODEL!r}, a Hugging Face id or local directory, "
+        f"or a .gguf file (default: %(default)s)",
+    )
+    drafts = group.add_mutually_exclusive_group()
+    drafts.add_argument(
+        "--draft",
+        default=None,  # DEFAULT_DRAFT, filled in by `resolve_draft`: see there
+        help="draft: early-exit:N (the target's first N layers), head (one layer reading the target's "
+        "hidden state, EAGLE-style), ngram (prompt lookup), ngram+head or ngram+early-exit:N (prompt lookup "
+        f"first), or a model with the target's vocabulary (default: {DEFAULT_DRAFT})",
+    )
+    parser.set_defaults(default_draft=DEFAULT_DRAFT)
+    group.add_argument(
+        "--k",
+        type=non_negative_int,
+        default=None,
+        help="tokens drafted per step; omit it for dynamic k, which adapts to measured acceptance "
+        "and cost and falls back to plain decoding when drafting does not pay",
+    )
+    group.add_argument("--max-new-tokens", type=positive_int, default=64, help="default: %(default)s")
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)",
+    )
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    return drafts
+
+
+def adapter_option(parser: argparse.ArgumentParser) -> None:
+    """--adapter (DESIGN.md: generate, bench, bench-serve): a trained draft to run."""
+    parser.add_argument(
+        "--adapter",
+        default=None,
+        metavar="DIR|VERSION",
+        help="run the draft with this adapter: an adapter directory (as the trainer writes them), or a "
+        "version of the registry (MLFLOW_TRACKING_URI, else the data directory's mlflow.db)",
+    )
+
+
+def resolve_adapter(adapter: str | None) -> Path | None:
+    """An adapter directory for --adapter: the directory itself, or a registry version downloaded
+    into the data directory's adapter cache (MLflow is imported only then)."""
+    if adapter is None:
+        return None
+    path = Path(adapter)
+    if path.is_dir():
+        return path
+    if not adapter.isdigit():
+        raise CommandError(f"--adapter {adapter!r} is neither a directory nor a registry version number")
+    from adaptive_spec.contracts import ADAPTER_CACHE_DIR
+    from adaptive_spec.models import data_dir
+    from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
+
+    try:
+        registry = AdapterRegistry(data_dir=data_dir())
+        return registry.download(adapter, data_dir() / ADAPTER_CACHE_DIR / f"cli-{adapter}")
+    except (RegistryError, RegistryUnavailable) as exc:
+        raise CommandError(f"--adapter {adapter}: {exc}") from None
+
+
+def load_engine(args):
+    from adaptive_spec.engine import Engine
+
+    print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
+    engine = Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+    adapter = resolve_adapter(getattr(args, "adapter", None))
+    if adapter is not None:
+        engine.load_adapter(adapter)
+        print(f"serving adapter {engine.adapter_version} from {adapter}", file=sys.stderr)
+    return engine
+
+
+def write_json(path: Path | None, figures: dict) -> None:
+    if path:
+        path.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"figures written to {path}", file=sys.stderr)
+
+
+def raise_input(message: str):
+    from adaptive_spec.engine import InputError
+
+    raise InputError(message)
+
+
+class redis_url:
+    """REDIS_URL when set; else a loopback redis-server started here and stopped on exit."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.server = workdir, None
+
+    def __enter__(self) -> str:
+        if os.environ.get(REDIS_URL_ENV):
+            return os.environ[REDIS_URL_ENV]
+        from launch.redis import RedisStartError, started_server
+
+        try:
+            self.server = started_server(self.workdir)
+        except RedisStartError as exc:
+            raise CommandError(str(exc)) from None
+        print(f"started redis-server on {self.server.url} (pid {self.server.process.pid})", file=sys.stderr)
+        return self.server.url
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,231 @@
+"""`adaptive-spec up`: the whole loop on one machine, in one command.
+
+    ./run adaptive-spec up                      # Redis, trainer and server on the built-in defaults
+    ./run adaptive-spec up --port 8001 --data-dir /srv/adaptive-spec
+
+What it starts, in order, and stops in reverse on Ctrl-C or SIGTERM:
+
+1. Redis on loopback (a free port, append-only file in DATA_DIR/redis so the stream survives a
+   restart), unless REDIS_URL is set.
+2. The HTTP server in this process (service/server.py), with the adapter registry in MLflow
+   (MLFLOW_TRACKING_URI, else the sqlite file DATA_DIR/mlflow.db) and its watcher.
+3. Once the server answers /health, the trainer as a child process (`adaptive-spec train`,
+   one torch thread, log in DATA_DIR/logs/trainer.log). If it dies, it is restarted after a
+   pause, up to `MAX_TRAINER_RESTARTS` times; serving goes on regardless.
+
+On a signal the server drains the requests in flight (uvicorn, then the engine queue), then
+the trainer gets SIGTERM (it checkpoints and exits; SIGKILL after `TRAINER_STOP_S`), then
+Redis is stopped by its pid. Children run in their own sessions, so a Ctrl-C in the terminal
+reaches only this process, which stops them in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from adaptive_spec.contracts import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    MLFLOW_TRACKING_URI_ENV,
+    REDIS_URL_ENV,
+    redact_url,
+    sqlite_tracking_uri,
+)
+from launch.redis import started_server
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TRAINER_STOP_S = 60.0  # a round in progress finishes, then the trainer checkpoints
+MAX_TRAINER_RESTARTS = 5
+RESTART_PAUSE_S = 10.0
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    host: str | None = None  # None: ADAPTIVE_SPEC_HOST, else 127.0.0.1
+    port: int | None = None  # None: ADAPTIVE_SPEC_PORT, else 8000
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    target: str | None = None  # None: ADAPTIVE_SPEC_TARGET, else the built-in default
+    draft: str | None = None
+    k: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    max_batch: int | None = None  # None: ADAPTIVE_SPEC_MAX_BATCH, else 8
+    trainer: bool = True
+    trainer_threads: int = 1  # the server decodes on the other cores
+
+
+def run_up(up: UpSettings) -> int:
+    """Start everything, serve until a signal, stop everything. Returns the exit code."""
+    data_dir = up.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[DATA_DIR_ENV] = str(data_dir)  # the model cache and the children follow it
+    # A signal while the children are started or stopped must not end this process half way: the
+    # server (service/server.py) stops on it; the rest is `finally`'s work.
+    previous = {sig: signal.signal(sig, _noted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    redis_server = trainer = None
+    try:
+        redis_url = os.environ.get(REDIS_URL_ENV)
+        if not redis_url:
+            (data_dir / "redis").mkdir(exist_ok=True)
+            redis_server = started_server(data_dir / "redis", persist=True)
+            redis_url = redis_server.url
+            _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
+        tracking_uri = os.environ.get(MLFLOW_TRACKING_URI_ENV) or sqlite_tracking_uri(data_dir)
+        settings = Settings.from_env(
+            host=up.host,
+            port=up.port,
+            data_dir=data_dir,
+            target=up.target,
+            draft=up.draft,
+            k=up.k,
+            dtype=up.dtype,
+            device=up.device,
+            max_batch=up.max_batch,
+            redis_url=redis_url,
+            mlflow_tracking_uri=tracking_uri,
+        )
+        trainer = _Trainer(settings, up.trainer_threads, data_dir / "logs" / "trainer.log") if up.trainer else None
+        if _signalled.is_set():  # stopped while Redis was starting
+            return 0
+        from service.server import run
+
+        threading.Thread(target=_when_ready, args=(settings, trainer, tracking_uri), daemon=True).start()
+        run(settings)  # returns after a graceful shutdown on SIGINT / SIGTERM
+        return 0
+    except SystemExit as exc:  # uvicorn exits when it cannot bind the port
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        if trainer is not None:
+            trainer.stop()
+        if redis_server is not None:
+            redis_server.stop()
+            _say("stopped redis-server")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_signalled = threading.Event()
+
+
+def _noted(signum, frame) -> None:
+    """Stand-in handler while `up` runs: the shutdown itself is uvicorn's work, then `finally`'s."""
+    _signalled.set()
+
+
+def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str) -> None:
+    """Wait for /health, print where everything is, then start the trainer."""
+    base = f"http://{_client_host(settings.host)}:{settings.port}"
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    if trainer is not None:
+        trainer.start()
+    admin = "set" if settings.admin_token else "not set: /admin refuses everything until ADAPTIVE_SPEC_ADMIN_TOKEN is"
+    _say(
+        "\n"
+        f"  chat        {base}/v1/chat/completions   (OpenAI-compatible; model \"{settings.served_model_name or settings.target}\")\n"
+        f"  dashboard   {base}/dashboard\n"
+        f"  metrics     {base}/metrics\n"
+        f"  mlflow ui   mlflow ui --backend-store-uri {redact_url(tracking_uri)} --port 5000\n"
+        f"  trainer     {'log in ' + str(trainer.log_path) if trainer else 'off (--no-trainer)'}\n"
+        f"  admin token {admin}\n"
+        "  Ctrl-C stops everything.\n")  # fmt: skip
+
+
+class _Trainer:
+    """The `adaptive-spec train` child: started, watched and restarted, stopped by its pid."""
+
+    def __init__(self, settings: Settings, threads: int, log_path: Path) -> None:
+        self.command = [sys.executable, "-m", "cli", "train", "--target", settings.target,
+                        "--draft", settings.draft, "--data-dir", str(settings.data_dir), "--dtype", settings.dtype,
+                        "--device", settings.device, "--threads", str(threads)]  # fmt: skip
+        self.env = {
+            **os.environ,
+            REDIS_URL_ENV: settings.redis_url or "",
+            MLFLOW_TRACKING_URI_ENV: settings.mlflow_tracking_uri or "",
+            "OMP_NUM_THREADS": str(threads),
+        }
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._spawn()
+        threading.Thread(target=self._watch, name="trainer-watch", daemon=True).start()
+
+    def _spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            with open(self.log_path, "ab") as out:
+                self.process = subprocess.Popen(
+                    self.command,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        _say(f"started the trainer (pid {self.process.pid}); log in {self.log_path}")
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            code = self.process.wait()
+            if self._stopping.is_set():
+                return
+            if self.restarts >= MAX_TRAINER_RESTARTS:
+                _say(
+                    f"the trainer exited with {code} and was restarted {self.restarts} times; giving up "
+                    f"(serving goes on with the current adapter). See {self.log_path}"
+                )
+                return
+            self.restarts += 1
+            _say(
+                f"the trainer exited with {code}; restarting in {RESTART_PAUSE_S:.0f} s "
+                f"({self.restarts}/{MAX_TRAINER_RESTARTS}). See {self.log_path}"
+            )
+            if self._stopping.wait(RESTART_PAUSE_S):
+                return
+            self._spawn()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping.set()
+            process = self.process
+        if process is None or process.poll() is not None:
+            return
+        _say(f"stopping the trainer (it finishes its round and checkpoints; up to {TRAINER_STOP_S:.0f} s)")
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(TRAINER_STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        _say(f"stopped the trainer (exit {process.returncode})")
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _say(message: str) -> None:
+    print(f"adaptive-spec up: {message}", file=sys.stderr, flush=True)

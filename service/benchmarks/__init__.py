@@ -1,2 +1,0 @@
-"""Benchmarks that compose serving and training (drift, swap, load); `adaptive-spec bench` alone is
-core-only and lives in adaptive_spec/bench.py."""

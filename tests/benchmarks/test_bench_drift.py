@@ -1,0 +1,36 @@
+"""bench-drift end to end on a tiny model: before, traffic through real Redis with the trainer
+running, after, and the extra fixed-k measurements, all within the budget."""
+
+import numpy as np
+import pytest
+from tiny import llama
+
+from adaptive_spec import Engine
+from adaptive_spec.prompts import PromptItem
+from benchmarks.drift import DriftSettings, format_report, run_drift
+
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
+
+
+@pytest.mark.parametrize("draft", ["early-exit:1", "head"])
+def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)  # a stream of its own, deleted at the end
+    engine = Engine(llama(0, vocab=64), draft, eos_token_id=[], record_topk=8)
+    rng = np.random.default_rng(0)
+    items = [PromptItem(rng.integers(0, 16, 8).tolist()) for _ in range(40)]
+    settings = DriftSettings(
+        budget_minutes=0.75, eval_prompts=6, max_new_tokens=12, train_tail_s=5, gate_min_positions=50, after_k=(2,)
+    )
+    figures = run_drift(engine, items, "tiny", settings, redis_url, tmp_path, progress=False)
+
+    assert figures["before"]["identical"] is True and figures["after"]["identical"] is True
+    assert set(figures["after_fixed_k"]) == {"2"} and figures["after_fixed_k"]["2"]["identical"] is True
+    assert 0 < figures["traffic_prompts_served"] <= len(items) - 6
+    assert figures["records_written"] + figures["records_dropped"] == figures["traffic_prompts_served"]
+    assert figures["records_consumed"] <= figures["records_written"]
+    assert figures["elapsed_minutes"] <= settings.budget_minutes + 0.25
+    for key in ("domain", "records_consumed", "tokens_consumed", "train_s", "adapters_promoted", "budget_minutes"):
+        assert key in figures
+    assert "after at fixed k=2" in format_report(figures)
+    assert figures["draft_step_fraction"] > 0 and figures["draft_forwards_timed"] > 0  # timed, after training
+    assert figures["records_consumed"] > 0  # the trainer read the traffic for this draft

@@ -1,0 +1,95 @@
+"""`adaptive-spec up` as a user runs it: a real process that starts Redis, the server and the
+trainer, answers a chat request, and stops all three on SIGTERM or Ctrl-C (SIGINT)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from launch.redis import free_port
+
+pytestmark = pytest.mark.redis
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose; its parent reaps it
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(log: Path, pattern: str, process: subprocess.Popen, timeout: float) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, log.read_text(errors="replace"))
+        if found:
+            return found
+        assert process.poll() is None, f"up exited with {process.returncode}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, tmp_path, stop_signal):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
+    env.update(OMP_NUM_THREADS="1", ADAPTIVE_SPEC_SERVED_MODEL_NAME="tiny")
+    log = tmp_path / "up.log"
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "up",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--target",
+        str(tiny_model_dir),
+        "--draft",
+        "early-exit:1",
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    redis_pid = trainer_pid = None
+    try:
+        redis_pid = int(_wait_for(log, r"started redis-server on \S+ \(pid (\d+)", process, 60).group(1))
+        trainer_pid = int(_wait_for(log, r"started the trainer \(pid (\d+)\)", process, 120).group(1))
+        banner = _wait_for(log, r"chat\s+(http://\S+/v1/chat/completions)", process, 30)
+        assert re.search(rf"dashboard\s+http://127\.0\.0\.1:{port}/dashboard", log.read_text())
+        assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'data' / 'mlflow.db'}" in log.read_text()
+
+        reply = httpx.post(
+            banner.group(1),
+            timeout=60,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0},
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+        assert _alive(redis_pid) and _alive(trainer_pid)
+
+        process.send_signal(stop_signal)
+        assert process.wait(90) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "stopped the trainer" in text and "stopped redis-server" in text
+        assert not _alive(redis_pid) and not _alive(trainer_pid), "up left a child running"
+        assert (tmp_path / "data" / "redis").is_dir() and (tmp_path / "data" / "logs" / "trainer.log").is_file()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        for pid in (redis_pid, trainer_pid):  # children run in their own sessions: by pid, if a check failed
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
