@@ -58,8 +58,14 @@ class Penalties:
 class Constraints:
     """One row's processing state: the counts of its output tokens and its grammar matcher."""
 
-    def __init__(self, penalties: Penalties, matcher: Matcher | None, prompt_ids: list[int], vocab_size: int,
-                 device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        penalties: Penalties,
+        matcher: Matcher | None,
+        prompt_ids: list[int],
+        vocab_size: int,
+        device: torch.device,
+    ):
         self.penalties = penalties
         self.matcher = matcher
         self.counts = torch.zeros(vocab_size, device=device)  # [vocab] times each token is in the output

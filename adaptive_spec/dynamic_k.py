@@ -174,8 +174,10 @@ class Acceptance:
         """Per draft position, the chance it is accepted given all before it were, each from the
         overall estimate counted as `prior_trials` tokens: a position seldom reached stays near it."""
         overall = self.estimate(prior_trials)
-        return [(kept + overall * prior_trials) / (reached + prior_trials)
-                for reached, kept in zip(self.reached, self.kept, strict=True)]  # fmt: skip
+        return [
+            (kept + overall * prior_trials) / (reached + prior_trials)
+            for reached, kept in zip(self.reached, self.kept, strict=True)
+        ]
 
 
 @dataclass
@@ -289,8 +291,10 @@ class DynamicK:
         best, plan = n / self.target_s(n), (0, [False] * n, False)  # plain
         for k in range(1, k_limit + 1):
             verify = self.target_s(n * (k + 1))
-            free_gain = [expected_tokens(f, min(k, length)) if length else 1.0
-                         for f, length in zip(free_alphas, free_lengths, strict=True)]  # fmt: skip
+            free_gain = [
+                expected_tokens(f, min(k, length)) if length else 1.0
+                for f, length in zip(free_alphas, free_lengths, strict=True)
+            ]
             model_gain = [expected_tokens(a, min(k, lim)) for a, lim in zip(alphas, limits, strict=True)]
             if any(free_lengths):  # without the model: rows with a match copy, the others decode plainly
                 rate = sum(free_gain) / verify
@@ -309,8 +313,10 @@ class DynamicK:
             model_k = k
         else:  # a probe: one model token for the rows without a match
             model_k = 1 if self._probe_due() else 0
-        ks = [min(k, length) if free else min(model_k, lim)
-              for free, length, lim in zip(use_free, free_lengths, limits, strict=True)]  # fmt: skip
+        ks = [
+            min(k, length) if free else min(model_k, lim)
+            for free, length, lim in zip(use_free, free_lengths, limits, strict=True)
+        ]
         return ks, use_free
 
     def observe_free(self, alpha: float, drafted: int, num_accepted: int, key=None) -> float:

@@ -261,9 +261,18 @@ class CorrectionRecord:
         if not isinstance(other, CorrectionRecord):
             return NotImplemented
         scalars = (
-            "request_id", "created_at", "domain", "target_id", "draft_id", "adapter_version", "temperature",
-            "prompt_ids", "output_ids", "proposed", "accepted",
-        )  # fmt: skip
+            "request_id",
+            "created_at",
+            "domain",
+            "target_id",
+            "draft_id",
+            "adapter_version",
+            "temperature",
+            "prompt_ids",
+            "output_ids",
+            "proposed",
+            "accepted",
+        )
         return (
             all(getattr(self, name) == getattr(other, name) for name in scalars)
             and np.array_equal(self.target_topk_ids, other.target_topk_ids)

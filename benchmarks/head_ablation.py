@@ -85,8 +85,17 @@ def generate_records(engine, prompts, max_new_tokens: int, domain: str) -> list[
     records = []
     for item in tqdm(prompts, desc="records", unit="prompt", file=sys.stderr):
         out = engine.generate(item.prompt, max_new_tokens, response_format=item.response_format)
-        records.append(record_from_output(out, request_id=uuid.uuid4().hex, created_at=time.time(), domain=domain,
-                                          target_id=engine.target_id, draft_id=engine.draft_id, temperature=0.0))  # fmt: skip
+        records.append(
+            record_from_output(
+                out,
+                request_id=uuid.uuid4().hex,
+                created_at=time.time(),
+                domain=domain,
+                target_id=engine.target_id,
+                draft_id=engine.draft_id,
+                temperature=0.0,
+            )
+        )
     engine.record_topk = 0
     return records
 
@@ -213,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         plot(figures, args.plot)
     for name, result in figures["recipes"].items():
         chain = " ".join(f"{value:.3f}" for value in result["chain_match"])
-        print(f"{name:14s} match_1 {result['match_1']:.3f}  chain {chain}  "
-              f"accepted/round {result['accepted_per_round']:.3f}  ({result['train_s']:.0f} s)")  # fmt: skip
+        print(
+            f"{name:14s} match_1 {result['match_1']:.3f}  chain {chain}  "
+            f"accepted/round {result['accepted_per_round']:.3f}  ({result['train_s']:.0f} s)"
+        )
     return 0
 
 

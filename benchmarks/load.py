@@ -71,16 +71,22 @@ class LoadReport:
     def as_dict(self) -> dict:
         elapsed = self.elapsed_s or math.nan
         return {
-            "users": self.users, "duration_s": self.duration_s, "elapsed_s": round(self.elapsed_s, 3),
-            "requests": self.requests, "errors": self.errors,
+            "users": self.users,
+            "duration_s": self.duration_s,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "requests": self.requests,
+            "errors": self.errors,
             "by_status": {str(status): count for status, count in sorted(self.by_status.items())},
             "transport_errors": dict(self.transport_errors),
             "throughput_rps": round(self.requests / elapsed, 2),
             "tokens_per_s": round(self.completion_tokens / elapsed, 1),
-            "latency_s": {"p50": round(self.percentile(50), 4), "p99": round(self.percentile(99), 4),
-                          "max": round(max(self.latencies_s, default=math.nan), 4)},
+            "latency_s": {
+                "p50": round(self.percentile(50), 4),
+                "p99": round(self.percentile(99), 4),
+                "max": round(max(self.latencies_s, default=math.nan), 4),
+            },
             "adapter_versions": {str(version): count for version, count in self.adapter_versions.items()},
-        }  # fmt: skip
+        }
 
     def summary(self) -> str:
         d = self.as_dict()

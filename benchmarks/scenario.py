@@ -133,8 +133,16 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         stack.callback(redis.stop)
         data = work / "adaptive"
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
-        serve = ServeBenchSettings(settings.target, settings.draft, None, settings.k, settings.dtype,
-                                   settings.device, concurrency=(settings.concurrency,), cli=settings.cli)  # fmt: skip
+        serve = ServeBenchSettings(
+            settings.target,
+            settings.draft,
+            None,
+            settings.k,
+            settings.dtype,
+            settings.device,
+            concurrency=(settings.concurrency,),
+            cli=settings.cli,
+        )
         both = {  # the two servers' environment: all cores but the trainer's, one model name
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
             "ADAPTIVE_SPEC_SERVED_MODEL_NAME": SERVED_NAME,
@@ -184,8 +192,10 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
                     ),
                 }
             )
-            log(f"  held-out acceptance: adaptive {_fmt(phases[-1]['heldout_acceptance'])}, "
-                f"static {_fmt(phases[-1]['heldout_static_acceptance'])}")  # fmt: skip
+            log(
+                f"  held-out acceptance: adaptive {_fmt(phases[-1]['heldout_acceptance'])}, "
+                f"static {_fmt(phases[-1]['heldout_static_acceptance'])}"
+            )
         events = _events(urls["adaptive"], wall_start)
     result = summarize(settings, phases, replies, events)
     # Two server processes differ in speed on their own (each calibrates its CPU kernels at start);
@@ -295,14 +305,32 @@ def _heldout_of(phase: Phase, sets: dict[str, PromptSet]) -> list[tuple[PromptIt
 def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, str], log: Callable[[str], None]):
     """`adaptive-spec train` on the adaptive server's Redis and MLflow, until the scenario ends."""
     log_path = data_dir / "trainer.log"
-    command = [*settings.cli, "train", "--target", settings.target, "--draft", settings.draft, "--data-dir",
-               str(data_dir), "--redis-url", env_extra[REDIS_URL_ENV], "--threads", "1", "--dtype", settings.dtype,
-               "--device", settings.device, "--max-domains", str(settings.max_domains),
-               *settings.trainer_args]  # fmt: skip
+    command = [
+        *settings.cli,
+        "train",
+        "--target",
+        settings.target,
+        "--draft",
+        settings.draft,
+        "--data-dir",
+        str(data_dir),
+        "--redis-url",
+        env_extra[REDIS_URL_ENV],
+        "--threads",
+        "1",
+        "--dtype",
+        settings.dtype,
+        "--device",
+        settings.device,
+        "--max-domains",
+        str(settings.max_domains),
+        *settings.trainer_args,
+    ]
     log(f"starting the trainer (log: {log_path})")
     with open(log_path, "wb") as out:
-        process = subprocess.Popen(command, env=child_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command, env=child_env(env_extra), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + TRAINER_START_TIMEOUT_S
         while "online trainer" not in log_path.read_text(errors="replace"):
@@ -318,8 +346,12 @@ def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, st
 
 
 def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool) -> tuple[str, dict]:
-    body = {"model": SERVED_NAME, "max_tokens": max_tokens, "temperature": 0,
-            "adaptive_spec": {"speculative": speculative, "log": log_record}}  # fmt: skip
+    body = {
+        "model": SERVED_NAME,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "adaptive_spec": {"speculative": speculative, "log": log_record},
+    }
     if item.response_format is not None:
         body["response_format"] = item.response_format
     if item.domain:
@@ -329,8 +361,15 @@ def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool
     return "/v1/chat/completions", {**body, "messages": item.prompt}
 
 
-async def _ask(client: httpx.AsyncClient, url: str, item: PromptItem, settings: ScenarioSettings, *,
-               speculative: bool = True, log_record: bool = False) -> tuple[dict, float]:  # fmt: skip
+async def _ask(
+    client: httpx.AsyncClient,
+    url: str,
+    item: PromptItem,
+    settings: ScenarioSettings,
+    *,
+    speculative: bool = True,
+    log_record: bool = False,
+) -> tuple[dict, float]:
     path, body = _body(item, settings.max_new_tokens, speculative, log_record)
     sent = time.monotonic()
     reply = (await client.post(url + path, json=body)).raise_for_status().json()
@@ -342,13 +381,30 @@ def _reply(server: str, phase: int, prompt: int, end_s: float, body: dict, laten
     spec = body["usage"].get("spec_decode") or {}
     tokens = body["usage"]["completion_tokens"]
     length = spec.get("mean_acceptance_length")
-    return Reply(server, phase, prompt, end_s, latency_s, tokens, tokens / length if length else 0.0,
-                 spec.get("num_draft_tokens", 0), spec.get("num_accepted_tokens", 0), spec.get("adapter_version"),
-                 choice["message"]["content"] if "message" in choice else choice["text"])  # fmt: skip
+    return Reply(
+        server,
+        phase,
+        prompt,
+        end_s,
+        latency_s,
+        tokens,
+        tokens / length if length else 0.0,
+        spec.get("num_draft_tokens", 0),
+        spec.get("num_accepted_tokens", 0),
+        spec.get("adapter_version"),
+        choice["message"]["content"] if "message" in choice else choice["text"],
+    )
 
 
-async def _live(urls: dict[str, str], items: list[PromptItem], phase: int, seconds: float, started: float,
-                settings: ScenarioSettings, log: Callable[[str], None]) -> list[Reply]:  # fmt: skip
+async def _live(
+    urls: dict[str, str],
+    items: list[PromptItem],
+    phase: int,
+    seconds: float,
+    started: float,
+    settings: ScenarioSettings,
+    log: Callable[[str], None],
+) -> list[Reply]:
     """`concurrency` users for `seconds`: each sends a prompt to the adaptive server, then to the static one."""
     deadline = time.monotonic() + seconds
     order = itertools.count()
@@ -406,9 +462,13 @@ def _mean_acceptance_length(replies: list[Reply]) -> float | None:
 
 def _window(replies: list[Reply], server: str) -> dict:
     mine = [r for r in replies if r.server == server]
-    return {"acceptance": _acceptance(mine), "mean_acceptance_length": _mean_acceptance_length(mine),
-            "tokens": sum(r.tokens for r in mine), "busy_s": round(sum(r.latency_s for r in mine), 3),
-            "requests": len(mine)}  # fmt: skip
+    return {
+        "acceptance": _acceptance(mine),
+        "mean_acceptance_length": _mean_acceptance_length(mine),
+        "tokens": sum(r.tokens for r in mine),
+        "busy_s": round(sum(r.latency_s for r in mine), 3),
+        "requests": len(mine),
+    }
 
 
 def _recover_s(replies: list[Reply], start_s: float, plateau: float | None, window: float) -> float | None:
@@ -435,10 +495,12 @@ def _progress(replies: list[Reply], settings: ScenarioSettings, log: Callable[[s
     done = [r for r in replies if int(r.end_s // window) == current - 1]
     figures = {s: _window(done, s) for s in ("adaptive", "static")}
     versions = sorted({str(r.adapter_version) for r in done if r.server == "adaptive"})
-    log(f"  {current * window:6.0f} s: acceptance adaptive {_fmt(figures['adaptive']['acceptance'])} "
+    log(
+        f"  {current * window:6.0f} s: acceptance adaptive {_fmt(figures['adaptive']['acceptance'])} "
         f"(adapter {', '.join(versions) or '-'}), static {_fmt(figures['static']['acceptance'])}; "
         f"mean acceptance length {_fmt(figures['adaptive']['mean_acceptance_length'])} vs "
-        f"{_fmt(figures['static']['mean_acceptance_length'])}")  # fmt: skip
+        f"{_fmt(figures['static']['mean_acceptance_length'])}"
+    )
 
 
 def _fmt(value: float | None) -> str:

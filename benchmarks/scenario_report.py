@@ -38,9 +38,11 @@ def format_report(result: dict) -> str:
             f"speedup net of that: {_fmt(overall['speedup_net_of_processes'], '.2f')}x"
         )
     first = result["first_promotion_s"]
-    lines.append(f"first promoted adapter served after {_fmt(first, '.0f')} s of traffic; "
-                 f"{sum(e['kind'] == 'swap' for e in result['events'])} swaps, "
-                 f"{sum(e['kind'] == 'rollback' for e in result['events'])} rollbacks")  # fmt: skip
+    lines.append(
+        f"first promoted adapter served after {_fmt(first, '.0f')} s of traffic; "
+        f"{sum(e['kind'] == 'swap' for e in result['events'])} swaps, "
+        f"{sum(e['kind'] == 'rollback' for e in result['events'])} rollbacks"
+    )
     lines.append(f"identical (live: both servers; held-out: the target alone): {result['identical']}")
     return "\n".join(lines)
 
@@ -64,9 +66,16 @@ def plot(result: dict, path: str | Path) -> None:
             axis.axvline(event["t_s"], color="C3" if event["kind"] == "rollback" else "C2", lw=0.9, ls=":")
         axis.grid(alpha=0.3)
     for phase in result["phases"]:
-        acceptance.text((phase["start_s"] + phase["end_s"]) / 2, 1.02, phase["name"], ha="center", va="bottom",
-                        transform=acceptance.get_xaxis_transform(), fontsize=9,
-                        color=colours(names.index(phase["name"]) % 10))  # fmt: skip
+        acceptance.text(
+            (phase["start_s"] + phase["end_s"]) / 2,
+            1.02,
+            phase["name"],
+            ha="center",
+            va="bottom",
+            transform=acceptance.get_xaxis_transform(),
+            fontsize=9,
+            color=colours(names.index(phase["name"]) % 10),
+        )
     styles = {"adaptive": dict(color="C0", lw=2), "static": dict(color="0.45", lw=1.5, ls="--")}
     for axis, figure in ((acceptance, "acceptance"), (length, "mean_acceptance_length")):
         for server, style in styles.items():

@@ -54,7 +54,7 @@ import httpx
 
 from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from adaptive_spec.prompts import PromptItem
-from launch.redis import free_port
+from launch.processes import free_port
 from service.metrics import PREFIX
 
 CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")

@@ -50,8 +50,12 @@ def write_random_adapter(engine, path: Path, rank: int, seed: int) -> Path:
     torch.manual_seed(seed)
     with torch.no_grad():  # small deltas: a plausible adapter, not noise that swamps the base weights
         if spec.kind == "head":  # as the trainer builds a head version; it starts B at zero, so draw B
-            trainer = HeadTrainer(TrainableHead(engine.target), HeadSettings(r=rank, alpha=2 * rank, seed=seed),
-                                  target_id=engine.target_id, draft_id=engine.draft_id)  # fmt: skip
+            trainer = HeadTrainer(
+                TrainableHead(engine.target),
+                HeadSettings(r=rank, alpha=2 * rank, seed=seed),
+                target_id=engine.target_id,
+                draft_id=engine.draft_id,
+            )
             for parameter in _lora_parameters(trainer.model, "lora_B"):
                 parameter.normal_(std=0.01)
             save = trainer.save

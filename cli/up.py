@@ -139,22 +139,38 @@ def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str)
     admin = "set" if settings.admin_token else "not set: /admin refuses everything until ADAPTIVE_SPEC_ADMIN_TOKEN is"
     _say(
         "\n"
-        f"  chat        {base}/v1/chat/completions   (OpenAI-compatible; model \"{settings.served_model_name or settings.target}\")\n"
+        f'  chat        {base}/v1/chat/completions   (OpenAI-compatible; model "{settings.served_model_name or settings.target}")\n'
         f"  dashboard   {base}/dashboard\n"
         f"  metrics     {base}/metrics\n"
         f"  mlflow ui   mlflow ui --backend-store-uri {redact_url(tracking_uri)} --port 5000\n"
         f"  trainer     {'log in ' + str(trainer.log_path) if trainer else 'off (--no-trainer)'}\n"
         f"  admin token {admin}\n"
-        "  Ctrl-C stops everything.\n")  # fmt: skip
+        "  Ctrl-C stops everything.\n"
+    )
 
 
 class _Trainer:
     """The `adaptive-spec train` child: started, watched and restarted, stopped by its pid."""
 
     def __init__(self, settings: Settings, threads: int, log_path: Path) -> None:
-        self.command = [sys.executable, "-m", "cli", "train", "--target", settings.target,
-                        "--draft", settings.draft, "--data-dir", str(settings.data_dir), "--dtype", settings.dtype,
-                        "--device", settings.device, "--threads", str(threads)]  # fmt: skip
+        self.command = [
+            sys.executable,
+            "-m",
+            "cli",
+            "train",
+            "--target",
+            settings.target,
+            "--draft",
+            settings.draft,
+            "--data-dir",
+            str(settings.data_dir),
+            "--dtype",
+            settings.dtype,
+            "--device",
+            settings.device,
+            "--threads",
+            str(threads),
+        ]
         self.env = {
             **os.environ,
             REDIS_URL_ENV: settings.redis_url or "",

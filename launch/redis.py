@@ -1,25 +1,33 @@
-"""A redis-server on loopback that this process starts and stops by its pid.
+"""A redis-server on loopback that this process starts and stops by its pid (launch/processes.py).
 
-`adaptive-spec up`, `bench-drift` and the test suite use it when REDIS_URL is not set:
+`adaptive-spec up`, `bench-drift`, the intake benchmark and the test suite use it when REDIS_URL is
+not set:
 
     server = started_server(Path(tempfile.mkdtemp()))
     ... server.url ...            # redis://127.0.0.1:<free port>/0
     server.stop()
 
-No persistence (`--save ""`, no AOF): the correction stream is a buffer, not a store of record.
+    with loopback_redis(workdir, log=print) as url:     # REDIS_URL when set, else a server started here
+        ...
+
+No persistence by default (`--save ""`, no AOF): the correction stream is a buffer, not a store of
+record; `persist=True` keeps an append-only file (`up`, so a restart keeps the stream).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import shutil
 import signal
-import socket
-import subprocess
-import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
+
+from adaptive_spec.contracts import REDIS_URL_ENV
+from launch.processes import Child, free_port
 
 
 class RedisStartError(RuntimeError):
@@ -46,55 +54,61 @@ class RedisServer:
         self.workdir = Path(workdir).resolve()  # redis-server resolves --logfile after moving to --dir
         self.port = port or free_port()
         self.persist = persist  # append-only file in workdir, so a restart keeps the stream (adaptive-spec up)
-        self.process: subprocess.Popen | None = None
+        self.child: Child | None = None
+
+    @property
+    def process(self):
+        """The running redis-server's Popen, or None."""
+        return None if self.child is None else self.child.process
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 5.0) -> None:
-        assert self.process is None, "already running"
+        assert self.child is None, "already running"
         log_path = self.workdir / f"redis-{self.port}.log"
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "yes" if self.persist else "no", "--dir", str(self.workdir),
-                   "--logfile", str(log_path)]  # fmt: skip
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persist else "no",
+            "--dir",
+            str(self.workdir),
+            "--logfile",
+            str(log_path),
+        ]
         # Its own session: a Ctrl-C in the terminal reaches the parent, which stops Redis last, by pid.
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
-        )
+        self.child = Child(command).start()
         _running.add(self)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + timeout
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:  # refused connections are how a starting server looks
+                return False
+
         try:
-            while True:
-                if self.process.poll() is not None:
-                    log = log_path.read_text() if log_path.exists() else ""
-                    self.process = None
-                    raise RedisStartError(f"redis-server on port {self.port} exited at start:\n{log[-2000:]}")
-                try:
-                    if client.ping():
-                        return
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RedisStartError(
-                            f"redis-server on port {self.port} did not answer PING in {timeout} s"
-                        ) from None  # refused connections are how a starting server looks
-                    time.sleep(0.02)
+            self.child.wait_until(answers, timeout, "an answer to PING", interval=0.02)
+        except RuntimeError:
+            log = log_path.read_text() if log_path.exists() else ""
+            self.stop()
+            raise RedisStartError(f"redis-server on port {self.port} did not start:\n{log[-2000:]}") from None
         finally:
             client.close()
 
     def stop(self) -> None:
         """Stop the process this object started (by its pid) and wait for it."""
         self.resume()
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-            self.process = None
+        if self.child is not None:
+            self.child.stop(5)
+            self.child = None
         _running.discard(self)
 
     def restart(self) -> None:
@@ -103,12 +117,19 @@ class RedisServer:
 
     def pause(self) -> None:
         """SIGSTOP: the port still accepts connections but nothing answers, like a stalled Redis."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
+        assert self.child is not None
+        self.child.signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
+        if self.child is not None and self.child.running:
+            self.child.signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL (no shutdown, no goodbye to clients), by the pid this object started."""
+        assert self.child is not None
+        self.child.signal(signal.SIGKILL)
+        self.child.wait(5)
+        self.child = None
 
 
 @atexit.register
@@ -130,7 +151,16 @@ def started_server(workdir: Path, *, persist: bool = False) -> RedisServer:
     raise AssertionError("unreachable")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@contextlib.contextmanager
+def loopback_redis(workdir: Path, log: Callable[[str], None] | None = None) -> Iterator[str]:
+    """REDIS_URL when it is set; else a redis-server started here on a free port, stopped on exit."""
+    if os.environ.get(REDIS_URL_ENV):
+        yield os.environ[REDIS_URL_ENV]
+        return
+    server = started_server(workdir)
+    if log is not None:
+        log(f"started redis-server on {server.url} (pid {server.child.pid if server.child else '?'})")
+    try:
+        yield server.url
+    finally:
+        server.stop()

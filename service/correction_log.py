@@ -241,8 +241,11 @@ class CorrectionLogWriter:
             self._failing = True
             log.warning(
                 "correction log: XADD of %d records to %s failed (%s: %s); retrying with backoff",
-                count, self.stream, type(error).__name__, error,
-            )  # fmt: skip
+                count,
+                self.stream,
+                type(error).__name__,
+                error,
+            )
 
     def _sleep(self, seconds: float) -> None:
         if self._closing:  # _wake is already set; sleep for real, but not past the deadline

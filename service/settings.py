@@ -37,34 +37,29 @@ so logging the settings is safe.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import ClassVar
 
-from adaptive_spec.contracts import (
-    DEFAULT_DATA_DIR,
-    DEFAULT_DRAFT,
-    DEFAULT_MODEL,
-    ENV_PREFIX,
-    MLFLOW_TRACKING_URI_ENV,
-    REDIS_URL_ENV,
-    redact_url,
-)
+from adaptive_spec.contracts import DEFAULT_DATA_DIR, ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url
+from adaptive_spec.options import EnvSettings, ModelOptions
 
 _SECRETS = ("api_key", "admin_token")
 
 
 @dataclass(frozen=True, repr=False)
-class Settings:
+class Settings(ModelOptions, EnvSettings):
+    """The serving process's settings: the model options (target, draft, k, dtype, device), then its own."""
+
+    ENV_NAMES: ClassVar[dict[str, str]] = {
+        "redis_url": REDIS_URL_ENV,
+        "mlflow_tracking_uri": MLFLOW_TRACKING_URI_ENV,
+        "max_tokens_limit": ENV_PREFIX + "MAX_TOKENS",
+    }
+
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: Path = Path(DEFAULT_DATA_DIR)
-    target: str = DEFAULT_MODEL
-    draft: str = DEFAULT_DRAFT
-    k: int | None = None  # None = dynamic k
-    dtype: str = "auto"
-    device: str = "auto"
     served_model_name: str | None = None  # the `model` clients must send; None = the target's name
     redis_url: str | None = None
     api_key: str | None = None
@@ -115,20 +110,6 @@ class Settings:
         if not 0 < self.drift_fraction <= 1:
             raise ValueError(f"drift_fraction must be in (0, 1], got {self.drift_fraction}")
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
-        """Defaults, then the environment, then `overrides` (e.g. command-line flags that were given)."""
-        env = os.environ if environ is None else environ
-        values = {}
-        for f in fields(cls):
-            name = _ENV_NAMES.get(f.name, ENV_PREFIX + f.name.upper())
-            raw = env.get(name)
-            if raw is None or raw.strip() == "":
-                continue
-            values[f.name] = _parse(f.name, raw, name)
-        values.update({key: value for key, value in overrides.items() if value is not None})
-        return cls(**values)
-
     def __repr__(self) -> str:
         shown = []
         for f in fields(self):
@@ -139,40 +120,3 @@ class Settings:
                 value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(shown)})"
-
-
-_ENV_NAMES = {
-    "redis_url": REDIS_URL_ENV,
-    "mlflow_tracking_uri": MLFLOW_TRACKING_URI_ENV,
-    "max_tokens_limit": ENV_PREFIX + "MAX_TOKENS",
-}
-_INTS = {
-    "port",
-    "max_tokens_limit",
-    "default_max_tokens",
-    "max_body_bytes",
-    "max_batch",
-    "max_adapters",
-    "queue_size",
-    "stream_maxlen",
-    "log_queue_size",
-    "record_topk",
-    "stats_retention_s",
-    "drift_min_drafts",
-}
-_FLOATS = {"request_timeout_s", "drain_timeout_s", "adapter_poll_s", "drift_window_s", "drift_fraction"}
-
-
-def _parse(field: str, raw: str, env_name: str):
-    try:
-        if field == "k":
-            return None if raw.strip() == "dynamic" else int(raw)
-        if field in _INTS:
-            return int(raw)
-        if field in _FLOATS:
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"{env_name}={raw!r} is not a number") from None
-    if field == "data_dir":
-        return Path(raw)
-    return raw

@@ -310,8 +310,12 @@ class AdapterWatcher:
         ):
             return ("rollback" if event.get("event") == "rollback" else "swap"), event.get("by")
         went_down = (version is None and served is not None) or (
-            version is not None and served is not None and version.isdigit() and served.isdigit()
-            and int(version) < int(served))  # fmt: skip
+            version is not None
+            and served is not None
+            and version.isdigit()
+            and served.isdigit()
+            and int(version) < int(served)
+        )
         return ("rollback" if went_down else "swap"), OUTSIDE
 
     # ---------------------------------------------------------------- threads

@@ -79,8 +79,9 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
-def random_record(seed: int = 0, n_out: int = 24, m: int = 16, n_prompt: int = 12, vocab: int = 49152,
-                  request_id: str | None = None) -> CorrectionRecord:  # fmt: skip
+def random_record(
+    seed: int = 0, n_out: int = 24, m: int = 16, n_prompt: int = 12, vocab: int = 49152, request_id: str | None = None
+) -> CorrectionRecord:
     """A consistent random record: about half the positions drafted, some of those accepted."""
     rng = np.random.default_rng(seed)
     output_ids = rng.integers(0, vocab, n_out)  # [n_out]

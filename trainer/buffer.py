@@ -150,14 +150,21 @@ class HoldoutSplit:
     checkpoint is restored (held-out records first).
     """
 
-    def __init__(self, fraction: float = 0.1, max_records: int = 256, salt: str = "",
-                 remember_ids: int = 100_000, warmup_records: int = 0,
-                 warmup_fraction: float = 1 / 3) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fraction: float = 0.1,
+        max_records: int = 256,
+        salt: str = "",
+        remember_ids: int = 100_000,
+        warmup_records: int = 0,
+        warmup_fraction: float = 1 / 3,
+    ) -> None:
         if not 0 <= fraction <= 1 or not 0 <= warmup_fraction <= 1:
             raise ValueError(f"fractions must be in [0, 1], got {fraction} and {warmup_fraction}")
         if max_records < 1 or not 0 <= warmup_records <= max_records:
-            raise ValueError(f"need 1 <= max_records and 0 <= warmup_records <= max_records, got {max_records}, "
-                             f"{warmup_records}")  # fmt: skip
+            raise ValueError(
+                f"need 1 <= max_records and 0 <= warmup_records <= max_records, got {max_records}, {warmup_records}"
+            )
         self.fraction = fraction
         self.warmup_records, self.warmup_fraction = warmup_records, warmup_fraction
         self.max_records = max_records

@@ -131,8 +131,11 @@ def decide(candidate: RecordScores, champion: RecordScores, thresholds: Threshol
     """Promote or not, and why, in words an operator reads in the log and on the dashboard."""
     bar = thresholds or Thresholds()
     if candidate.records != champion.records or not np.array_equal(candidate.positions, champion.positions):
-        return Decision(False, f"the two drafts were scored on different held-out records ({candidate.records} "
-                               f"vs {champion.records}); not compared")  # fmt: skip
+        return Decision(
+            False,
+            f"the two drafts were scored on different held-out records ({candidate.records} "
+            f"vs {champion.records}); not compared",
+        )
     records, positions = candidate.records, candidate.total_positions
     waiting = waiting_for(records, positions, bar)
     if waiting:
@@ -142,17 +145,34 @@ def decide(candidate: RecordScores, champion: RecordScores, thresholds: Threshol
         confidence = student_t_cdf((gain - bar.margin) / se, records - 1)
     else:  # every record gained by the same fraction of its positions: nothing to doubt
         confidence = 1.0 if gain > bar.margin else 0.0
-    figures = dict(candidate=candidate.greedy_match, champion=champion.greedy_match, gain=gain, standard_error=se,
-                   confidence=confidence, records=records, positions=positions)  # fmt: skip
-    versus = (f"candidate {candidate.greedy_match:.3f} vs champion {champion.greedy_match:.3f} over {positions} "
-              f"positions ({records} records), gain {gain:+.3f}")  # fmt: skip
+    figures = dict(
+        candidate=candidate.greedy_match,
+        champion=champion.greedy_match,
+        gain=gain,
+        standard_error=se,
+        confidence=confidence,
+        records=records,
+        positions=positions,
+    )
+    versus = (
+        f"candidate {candidate.greedy_match:.3f} vs champion {champion.greedy_match:.3f} over {positions} "
+        f"positions ({records} records), gain {gain:+.3f}"
+    )
     if confidence < bar.confidence:
-        return Decision(False, f"{versus}: {_percent(confidence)} confidence that it gains more than {bar.margin}, "
-                               f"needs {_percent(bar.confidence)}; not promoted", **figures)  # fmt: skip
+        return Decision(
+            False,
+            f"{versus}: {_percent(confidence)} confidence that it gains more than {bar.margin}, "
+            f"needs {_percent(bar.confidence)}; not promoted",
+            **figures,
+        )
     if not candidate.expected_acceptance >= champion.expected_acceptance:
-        return Decision(False, f"{versus}, {_percent(confidence)} confidence, but expected acceptance under "
-                               f"sampling fell ({candidate.expected_acceptance:.3f} vs "
-                               f"{champion.expected_acceptance:.3f}); not promoted", **figures)  # fmt: skip
+        return Decision(
+            False,
+            f"{versus}, {_percent(confidence)} confidence, but expected acceptance under "
+            f"sampling fell ({candidate.expected_acceptance:.3f} vs "
+            f"{champion.expected_acceptance:.3f}); not promoted",
+            **figures,
+        )
     return Decision(True, f"{versus}, {_percent(confidence)} confidence, promoted", **figures)
 
 

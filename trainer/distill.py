@@ -226,8 +226,9 @@ def draft_logits(model, batch: Batch) -> torch.Tensor:
     return lm.get_output_embeddings()(picked).float()  # [positions, vocab]
 
 
-def position_losses(draft_logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor,
-                    loss: str = "kl_topm") -> torch.Tensor:  # fmt: skip
+def position_losses(
+    draft_logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor, loss: str = "kl_topm"
+) -> torch.Tensor:
     """Per-position loss [positions] of draft logits [positions, vocab] against the target's top-m [positions, m]."""
     draft_logprobs = torch.log_softmax(draft_logits, dim=-1)  # [positions, vocab]
     draft_at_topk = draft_logprobs.gather(-1, target_topk_ids)  # [positions, m]
@@ -275,15 +276,20 @@ class TrainedWeights:
         it does not cover every parameter whose name holds one of `trained`. The optimiser starts afresh."""
         saved = LoraConfig.from_pretrained(str(adapter_dir))
         ours = self.model.peft_config["default"]
-        mismatched = [(f, getattr(saved, f), getattr(ours, f)) for f in shape
-                      if _comparable(getattr(saved, f)) != _comparable(getattr(ours, f))]  # fmt: skip
+        mismatched = [
+            (f, getattr(saved, f), getattr(ours, f))
+            for f in shape
+            if _comparable(getattr(saved, f)) != _comparable(getattr(ours, f))
+        ]
         if mismatched:
             raise ValueError(f"{what} {adapter_dir} does not fit this trainer: (field, saved, ours) {mismatched}")
         result = set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir), device="cpu"))
         missing = [key for key in result.missing_keys if any(part in key for part in trained)]
         if missing or result.unexpected_keys:
-            raise ValueError(f"{what} {adapter_dir} does not match: missing {missing[:3]}, "
-                             f"unexpected {list(result.unexpected_keys)[:3]}")  # fmt: skip
+            raise ValueError(
+                f"{what} {adapter_dir} does not match: missing {missing[:3]}, "
+                f"unexpected {list(result.unexpected_keys)[:3]}"
+            )
         self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
         self.optimizer = self._new_optimizer()
 
@@ -326,19 +332,35 @@ class DraftTrainer(TrainedWeights):
     own shape (r, alpha, dropout, target modules) overrides `settings`.
     """
 
-    def __init__(self, draft_model, settings: LoraSettings | None = None, *, init_adapter: str | Path | None = None,
-                 target_id: str = "target", draft_id: str = "draft") -> None:  # fmt: skip
+    def __init__(
+        self,
+        draft_model,
+        settings: LoraSettings | None = None,
+        *,
+        init_adapter: str | Path | None = None,
+        target_id: str = "target",
+        draft_id: str = "draft",
+    ) -> None:
         settings = settings or LoraSettings()
         if init_adapter is not None:
             lora_config = LoraConfig.from_pretrained(str(init_adapter))
             lora_config.inference_mode = False  # saved adapters say True: they would load frozen
-            settings = dataclasses.replace(settings, r=lora_config.r, alpha=lora_config.lora_alpha,
-                                           dropout=lora_config.lora_dropout,
-                                           target_modules=tuple(sorted(lora_config.target_modules)))  # fmt: skip
+            settings = dataclasses.replace(
+                settings,
+                r=lora_config.r,
+                alpha=lora_config.lora_alpha,
+                dropout=lora_config.lora_dropout,
+                target_modules=tuple(sorted(lora_config.target_modules)),
+            )
         else:
-            lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                                     target_modules=list(settings.target_modules), bias="none",
-                                     task_type="CAUSAL_LM")  # fmt: skip
+            lora_config = LoraConfig(
+                r=settings.r,
+                lora_alpha=settings.alpha,
+                lora_dropout=settings.dropout,
+                target_modules=list(settings.target_modules),
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
         self.settings = settings
         self.target_id = target_id
         self.draft_id = draft_id
@@ -372,8 +394,12 @@ class DraftTrainer(TrainedWeights):
         try:
             for group in micro_batches(examples, settings.batch_tokens):
                 batch = collate(group)
-                losses = position_losses(draft_logits(self.model, batch), batch.target_topk_ids.to(self.model.device),
-                                         batch.target_topk_logprobs.to(self.model.device), settings.loss)  # fmt: skip
+                losses = position_losses(
+                    draft_logits(self.model, batch),
+                    batch.target_topk_ids.to(self.model.device),
+                    batch.target_topk_logprobs.to(self.model.device),
+                    settings.loss,
+                )
                 loss = (self._weights(batch.accepted).to(losses.device) * losses).sum() / total_weight
                 loss.backward()
                 total += float(loss.detach())

@@ -60,8 +60,12 @@ class GateFigures:
 
 
 @torch.inference_mode()
-def draft_agreement(draft_model, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048,
-                    max_seq_len: int = 1024) -> GateFigures:  # fmt: skip
+def draft_agreement(
+    draft_model,
+    records: Iterable[CorrectionRecord | TrainingExample],
+    batch_tokens: int = 2048,
+    max_seq_len: int = 1024,
+) -> GateFigures:
     """Teacher-forced agreement of `draft_model` (plain, PEFT-wrapped, or with transformers-loaded
     adapters, in whatever adapter state it is in) with the target's logged top-m.
 
@@ -87,8 +91,13 @@ class Tally:
         self.expected, self.matched, self.positions = 0.0, 0, 0
         self.by_record: dict[str, list[float]] = {}  # record -> [matched, expected, positions]
 
-    def add(self, logits: torch.Tensor, target_topk_ids: torch.Tensor, target_topk_logprobs: torch.Tensor,
-            owners: Sequence[str] | None = None) -> None:  # fmt: skip
+    def add(
+        self,
+        logits: torch.Tensor,
+        target_topk_ids: torch.Tensor,
+        target_topk_logprobs: torch.Tensor,
+        owners: Sequence[str] | None = None,
+    ) -> None:
         """logits [positions, vocab]; the target's top-m ids [positions, m] and logprobs [positions, m]
         (-inf where padded); `owners`, the record each position belongs to (for per-record scores)."""
         topk_ids = target_topk_ids.to(logits.device)  # [positions, m]
@@ -163,17 +172,24 @@ class Gate:
 
     def decide(self, candidate: GateFigures, champion: GateFigures) -> tuple[bool, str]:
         if candidate.positions != champion.positions:
-            return False, (f"figures come from different held-out sets ({candidate.positions} vs "
-                           f"{champion.positions} positions)")  # fmt: skip
+            return False, (
+                f"figures come from different held-out sets ({candidate.positions} vs {champion.positions} positions)"
+            )
         if candidate.positions < self.min_positions:
             return False, f"only {candidate.positions} held-out positions, need {self.min_positions}"
         gain = candidate.greedy_match - champion.greedy_match
         if not gain >= self.margin:
-            return False, (f"greedy match {candidate.greedy_match:.4f} vs champion {champion.greedy_match:.4f}: "
-                           f"gain {gain:+.4f} below the margin {self.margin}")  # fmt: skip
+            return False, (
+                f"greedy match {candidate.greedy_match:.4f} vs champion {champion.greedy_match:.4f}: "
+                f"gain {gain:+.4f} below the margin {self.margin}"
+            )
         if not candidate.expected_acceptance >= champion.expected_acceptance:
-            return False, (f"expected acceptance fell: {candidate.expected_acceptance:.4f} vs champion "
-                           f"{champion.expected_acceptance:.4f}")  # fmt: skip
-        return True, (f"greedy match {champion.greedy_match:.4f} -> {candidate.greedy_match:.4f} ({gain:+.4f}), "
-                      f"expected acceptance {champion.expected_acceptance:.4f} -> "
-                      f"{candidate.expected_acceptance:.4f} over {candidate.positions} positions")  # fmt: skip
+            return False, (
+                f"expected acceptance fell: {candidate.expected_acceptance:.4f} vs champion "
+                f"{champion.expected_acceptance:.4f}"
+            )
+        return True, (
+            f"greedy match {champion.greedy_match:.4f} -> {candidate.greedy_match:.4f} ({gain:+.4f}), "
+            f"expected acceptance {champion.expected_acceptance:.4f} -> "
+            f"{candidate.expected_acceptance:.4f} over {candidate.positions} positions"
+        )

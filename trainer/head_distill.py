@@ -152,9 +152,15 @@ class HeadTrainer(TrainedWeights):
     """LoRA on a `TrainableHead`'s layer, its fuse trained whole, and the optimiser; the interface of
     `DraftTrainer` (train_step, save, load, lora_state, restore, reset, records_used, tokens_used)."""
 
-    def __init__(self, head: TrainableHead, settings: LoraSettings | None = None, *,
-                 init_adapter: str | Path | None = None, target_id: str = "target",
-                 draft_id: str = "head") -> None:  # fmt: skip
+    def __init__(
+        self,
+        head: TrainableHead,
+        settings: LoraSettings | None = None,
+        *,
+        init_adapter: str | Path | None = None,
+        target_id: str = "target",
+        draft_id: str = "head",
+    ) -> None:
         settings = settings or HeadSettings()
         if not isinstance(settings, HeadSettings):  # an OnlineSettings' default: the head's own defaults on top
             given = dataclasses.asdict(settings)
@@ -164,13 +170,22 @@ class HeadTrainer(TrainedWeights):
         if init_adapter is not None:
             lora_config = LoraConfig.from_pretrained(str(init_adapter))
             lora_config.inference_mode = False  # saved adapters say True: they would load frozen
-            settings = dataclasses.replace(settings, r=lora_config.r, alpha=lora_config.lora_alpha,
-                                           dropout=lora_config.lora_dropout,
-                                           target_modules=tuple(sorted(lora_config.target_modules)))  # fmt: skip
+            settings = dataclasses.replace(
+                settings,
+                r=lora_config.r,
+                alpha=lora_config.lora_alpha,
+                dropout=lora_config.lora_dropout,
+                target_modules=tuple(sorted(lora_config.target_modules)),
+            )
         else:
-            lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                                     target_modules=list(settings.target_modules), modules_to_save=["fuse"],
-                                     bias="none")  # fmt: skip
+            lora_config = LoraConfig(
+                r=settings.r,
+                lora_alpha=settings.alpha,
+                lora_dropout=settings.dropout,
+                target_modules=list(settings.target_modules),
+                modules_to_save=["fuse"],
+                bias="none",
+            )
         self.settings = settings
         self.target_id = target_id
         self.draft_id = draft_id
@@ -239,8 +254,9 @@ class HeadTrainer(TrainedWeights):
             step_weight = settings.unroll_decay**j
             usable = batch.cols >= j  # step j + 1 needs a chain start at col - j >= 0
             picked = predicted[batch.rows[usable], batch.cols[usable]]  # [positions, hidden]
-            kl = position_losses(logits(picked).float(), topk_ids[usable], batch.target_topk_logprobs[usable],
-                                 settings.loss)  # fmt: skip
+            kl = position_losses(
+                logits(picked).float(), topk_ids[usable], batch.target_topk_logprobs[usable], settings.loss
+            )
             loss = loss + step_weight * (weights[usable] * kl).sum() / total_weight
             if settings.regression_weight > 0:
                 real = batch.real.clone()

@@ -82,20 +82,30 @@ class TrainableHead(DraftHead):
         self.states = TargetStates(target, state_dtype)
         self.embedding_scale = _embedding_scale(self, target)
 
-    def gate_figures(self, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048,
-                     max_seq_len: int = 1024) -> GateFigures:  # fmt: skip
+    def gate_figures(
+        self, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048, max_seq_len: int = 1024
+    ) -> GateFigures:
         """The gate's figures of the head's first draft token, teacher-forced on the target's true
         states (trainer/gate.py), with the head's adapters in whatever state they are in."""
         tally = Tally()
         with torch.inference_mode():
             for batch, ids in _head_batches(self, records, batch_tokens, max_seq_len):
                 predicted = self(batch.input_ids, batch.features)  # [b, seq, hidden]
-                tally.add(self.logits(predicted[batch.rows, batch.cols]), batch.target_topk_ids,
-                          batch.target_topk_logprobs, [ids[row] for row in batch.rows.tolist()])  # fmt: skip
+                tally.add(
+                    self.logits(predicted[batch.rows, batch.cols]),
+                    batch.target_topk_ids,
+                    batch.target_topk_logprobs,
+                    [ids[row] for row in batch.rows.tolist()],
+                )
         return tally.figures()
 
-    def chain_figures(self, records: Iterable[CorrectionRecord | TrainingExample], depth: int = 4,
-                      batch_tokens: int = 2048, max_seq_len: int = 1024) -> dict:  # fmt: skip
+    def chain_figures(
+        self,
+        records: Iterable[CorrectionRecord | TrainingExample],
+        depth: int = 4,
+        batch_tokens: int = 2048,
+        max_seq_len: int = 1024,
+    ) -> dict:
         """How the head does when it drafts `depth` tokens on its own states, greedily, teacher-forced.
 
         Every output position starts a chain: step 1 reads the target's true state, step j > 1 the

@@ -453,9 +453,11 @@ class OnlineTrainer:
         return None
 
     def _train(
-        self, buffer: ReplayBuffer, keep_training: Callable[[], bool] | None = None,
+        self,
+        buffer: ReplayBuffer,
+        keep_training: Callable[[], bool] | None = None,
         ready: Callable[[], bool] | None = None,
-    ) -> tuple[list[float], set[str], float]:  # fmt: skip
+    ) -> tuple[list[float], set[str], float]:
         """`round_steps` optimiser steps on batches sampled from `buffer`, then more while `keep_training()`
         says so, up to `max_round_steps`, unless `ready()` ends the round early: (losses, request ids,
         seconds)."""
@@ -534,8 +536,9 @@ class OnlineTrainer:
         """With one adapter "champion v0002"; with domains "champions: general base draft, python v0001"."""
         if not len(self.lineages):
             return f"champion {self.champion.name()}"
-        return "champions: " + ", ".join(f"{lineage.label} {lineage.champion.name()}"
-                                         for lineage in self.lineages.every())  # fmt: skip
+        return "champions: " + ", ".join(
+            f"{lineage.label} {lineage.champion.name()}" for lineage in self.lineages.every()
+        )
 
     def _dirty(self) -> bool:
         champions_changed = any(lineage.champion.changed for lineage in self.lineages.every())

@@ -36,8 +36,19 @@ from service.worker import Ended, Job, Rejected
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKey])
 
 # Engine.request's parameters whose name starts its InputError message: the error's `param`.
-_ENGINE_PARAMS = ("response_format", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                  "logprobs", "top_k", "top_p", "temperature", "stop", "max_new_tokens")  # fmt: skip
+_ENGINE_PARAMS = (
+    "response_format",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logprobs",
+    "top_k",
+    "top_p",
+    "temperature",
+    "stop",
+    "max_new_tokens",
+)
 
 
 @router.get("/models")
@@ -219,8 +230,9 @@ class _Choice:
         return bodies
 
 
-async def _stream(job: Job, chunk: Chunk, fmt: Formatter, choices: list[_Choice], include_usage: bool,
-                  prompt_tokens: int):  # fmt: skip
+async def _stream(
+    job: Job, chunk: Chunk, fmt: Formatter, choices: list[_Choice], include_usage: bool, prompt_tokens: int
+):
     """Server-sent events from the first chunk on, the n choices interleaved as their chunks come;
     one [DONE] once every choice has finished. A client that leaves cancels this generator, whose
     `finally` stops the job (all its choices) at the next step."""

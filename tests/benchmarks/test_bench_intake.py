@@ -41,9 +41,24 @@ def test_a_short_run_acknowledges_every_record_once_and_reports_every_figure(
 ):
     monkeypatch.setenv("REDIS_URL", redis_url)  # a stream of its own, deleted at the end
     path = tmp_path / "intake.json"
-    argv = ["--target", str(tiny_model_dir), "--draft", "early-exit:1", "--records", str(RECORDS),
-            "--prompt-tokens", "8,16", "--output-tokens", "24", "--topk", "8", "--loop-minutes", "0.5",
-            "--json", str(path)]  # fmt: skip
+    argv = [
+        "--target",
+        str(tiny_model_dir),
+        "--draft",
+        "early-exit:1",
+        "--records",
+        str(RECORDS),
+        "--prompt-tokens",
+        "8,16",
+        "--output-tokens",
+        "24",
+        "--topk",
+        "8",
+        "--loop-minutes",
+        "0.5",
+        "--json",
+        str(path),
+    ]
     assert main(argv) == 0
     figures = json.loads(path.read_text())
 

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.redis  # it starts a redis-server of its own
 
 
 def prompt_file(path, letters: str, count: int = 14):
-    rows = [{"messages": [{"role": "user", "content": f"{letters[i % len(letters)]} {i}"}], "domain": path.stem}
-            for i in range(count)]  # fmt: skip
+    rows = [
+        {"messages": [{"role": "user", "content": f"{letters[i % len(letters)]} {i}"}], "domain": path.stem}
+        for i in range(count)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
@@ -49,8 +51,15 @@ def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_d
     assert result["identical"] is True
     assert [p["name"] for p in result["phases"]] == ["alpha", "beta", "alpha", "mix"]
     for phase in result["phases"]:
-        assert set(phase) >= {"name", "start_s", "end_s", "recover_s", "plateau_acceptance",
-                              "heldout_acceptance", "static_acceptance"}  # fmt: skip
+        assert set(phase) >= {
+            "name",
+            "start_s",
+            "end_s",
+            "recover_s",
+            "plateau_acceptance",
+            "heldout_acceptance",
+            "static_acceptance",
+        }
         assert phase["end_s"] > phase["start_s"]
         assert 0 <= phase["static_acceptance"] <= 1 and 0 <= phase["heldout_acceptance"] <= 1
     starts = [p["start_s"] for p in result["phases"]]

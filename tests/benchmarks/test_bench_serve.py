@@ -12,9 +12,20 @@ import subprocess
 import sys
 
 RUN_KEYS = {
-    "config", "concurrency", "output_tok_s", "requests_per_s", "latency_p50_s", "latency_p99_s", "ttft_p50_s",
-    "ttft_p99_s", "tpot_s", "errors", "identical", "k", "batch_size",
-}  # fmt: skip
+    "config",
+    "concurrency",
+    "output_tok_s",
+    "requests_per_s",
+    "latency_p50_s",
+    "latency_p99_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_s",
+    "errors",
+    "identical",
+    "k",
+    "batch_size",
+}
 
 
 def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model_dir, tmp_path) -> None:
@@ -26,10 +37,33 @@ def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model
     )
     out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     command = [
-        sys.executable, "-m", "cli", "bench-serve", "--target", str(tiny_model_dir), "--draft", "early-exit:1",
-        "--dtype", "fp32", "--device", "cpu", "--prompts", str(prompts), "--concurrency", "1,3", "--duration-s", "2",
-        "--max-new-tokens", "8", "--max-batch", "4", "--json", str(out), "--plot", str(png),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "cli",
+        "bench-serve",
+        "--target",
+        str(tiny_model_dir),
+        "--draft",
+        "early-exit:1",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--prompts",
+        str(prompts),
+        "--concurrency",
+        "1,3",
+        "--duration-s",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--max-batch",
+        "4",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(out.read_text())

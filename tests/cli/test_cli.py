@@ -89,8 +89,9 @@ def test_bad_arguments_exit_2_saying_what_is_wrong_before_loading_anything(tmp_p
         "print(json.dumps(out))\n"
     )
     env = {**os.environ, "ADAPTIVE_SPEC_DATA_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     outcomes = json.loads(result.stdout.strip().splitlines()[-1])
     for (argv, says), (code, stderr) in zip(BAD_ARGUMENTS, outcomes, strict=True):

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launch.redis import free_port
+from launch.processes import free_port
 
 pytestmark = pytest.mark.redis
 

@@ -13,12 +13,8 @@ saved once per session, so `serve` and `train` load it from disk like any local 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +22,9 @@ from fleet_env import HEALTH_PATH
 from polling import wait_for as eventually  # noqa: F401  (re-exported for the tests here)
 from tiny import tiny_target  # noqa: F401  (re-exported for the tests here)
 
-from launch.redis import RedisServer, free_port
+from launch.processes import Child, free_port
+from launch.processes import child_env as launch_child_env
+from launch.redis import RedisServer
 
 MODEL = "tiny"  # ADAPTIVE_SPEC_SERVED_MODEL_NAME of every server started here
 # Variables of the machine that would leak into a child and change what it talks to.
@@ -35,59 +33,20 @@ _INHERITED_OUT = ("REDIS_URL", "MLFLOW_TRACKING_URI", "ADAPTIVE_SPEC_API_KEY", "
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child process: one torch thread, nothing inherited that points elsewhere."""
-    env = {key: value for key, value in os.environ.items() if key not in _INHERITED_OUT}
-    return {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **extra}
+    one_thread = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    return launch_child_env(_INHERITED_OUT, **{**one_thread, **extra})
 
 
-class ChildProcess:
-    """A command of this package as a child process with its output in a log file; stopped by its own pid."""
+class ChildProcess(Child):
+    """A command of this package as a child process with its output in `<workdir>/<name>.log`; stopped by
+    its own pid (launch/processes.py). It stays in the test's session, so a test signals it directly."""
 
     def __init__(self, command: list[str], workdir: Path, env: dict[str, str], name: str) -> None:
-        self.command, self.workdir, self.env = command, workdir, env
-        self.log_path = workdir / f"{name}.log"
-        self.process: subprocess.Popen | None = None
+        super().__init__(command, workdir / f"{name}.log", env=env, cwd=workdir, new_session=False)
+        self.workdir = workdir
 
     def launch(self) -> None:
-        with open(self.log_path, "ab") as log:  # the process keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                self.command,
-                cwd=self.workdir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_until(self, ready, timeout: float, what: str) -> None:
-        """Poll `ready()` until true; fail with the log's tail if the process exits or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.log_path.stem} exited with {self.process.returncode}:\n{self.log()[-3000:]}")
-            if ready():
-                return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"timed out after {timeout} s waiting for {what}:\n{self.log()[-3000:]}")
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 30 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        self.start()
 
 
 class ServeProcess(ChildProcess):
@@ -211,9 +170,7 @@ def scrape(text: str, name: str, **labels: str) -> float:
 
 def kill_redis(server: RedisServer) -> None:
     """SIGKILL the redis-server (no shutdown, no goodbye to clients), by the pid this test started."""
-    server.process.kill()
-    server.process.wait(5)
-    server.process = None
+    server.kill()
 
 
 def listening_address(port: int) -> str:

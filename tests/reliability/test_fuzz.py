@@ -36,8 +36,15 @@ CASES_PER_OPERATION_AND_MODE = 50
 TOKEN = "fuzz-admin-token"
 FUZZ_SEED = 0
 # Fields of the generation routes that each must reach the engine, set, in some answered (200) case.
-ENGINE_FIELDS = ("n", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "response_format",
-                 "logprobs")  # fmt: skip
+ENGINE_FIELDS = (
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "response_format",
+    "logprobs",
+)
 # A valid request per generation route: the focused pass puts the generated sampling fields on it, so
 # that they are not lost among cases a wrong prompt already refuses.
 VALID_BODIES = {

@@ -26,8 +26,7 @@ from trainer.pending import PendingRegistrations
 pytestmark = pytest.mark.redis
 
 
-def test_promotion_during_an_mlflow_outage_lands_when_it_returns(serve_process, redis_url, tiny_model_dir,
-                                                                 tmp_path):  # fmt: skip
+def test_promotion_during_an_mlflow_outage_lands_when_it_returns(serve_process, redis_url, tiny_model_dir, tmp_path):
     target = tiny_target(0)
     adapters = [
         write_adapter(target, 1, tmp_path / f"v000{i}", seed=i, version=i, target_id=str(tiny_model_dir))

@@ -19,7 +19,7 @@ import pytest
 from support import ChildProcess, ServeProcess, child_env
 
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV
-from launch.redis import free_port
+from launch.processes import free_port
 
 ROUNDS = 2  # the race hit 4 processes in 5 (1 round misses it with p = 0.2 ** 4); each round is a new store
 SERVERS = 3

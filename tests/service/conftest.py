@@ -17,7 +17,7 @@ from tiny import tiny_target
 from tiny_chat import tiny_tokenizer
 
 from adaptive_spec import Engine
-from launch.redis import free_port
+from launch.processes import free_port
 from service.app import create_app
 from service.settings import Settings
 

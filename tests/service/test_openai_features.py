@@ -51,8 +51,9 @@ NOT_SPECULATIVE = {"adaptive_spec": {"speculative": False}}
 @pytest.fixture(scope="module")
 def json_engine() -> Engine:
     """The tiny target with a byte-level tokenizer that llguidance reads; k = 3 drafts every step."""
-    return Engine(tiny_target(0), "early-exit:1", tokenizer=tiny_byte_tokenizer(), target_id="tiny-json", k=3,
-                  record_topk=8)  # fmt: skip
+    return Engine(
+        tiny_target(0), "early-exit:1", tokenizer=tiny_byte_tokenizer(), target_id="tiny-json", k=3, record_topk=8
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +122,9 @@ def test_json_schema_output_validates_and_equals_the_target_alone(json_server, j
 
 def test_json_object_equals_the_target_alone(json_server, json_engine):
     """A random model fills an object's string for ever: the output is cut, but every prefix is the target's."""
-    expected = json_engine.generate(MESSAGES, max_new_tokens=40, response_format={"type": "json_object"},
-                                    speculative=False)  # fmt: skip
+    expected = json_engine.generate(
+        MESSAGES, max_new_tokens=40, response_format={"type": "json_object"}, speculative=False
+    )
     assert expected.text.startswith("{")
     for extra in ({}, NOT_SPECULATIVE):
         response = chat(json_server, response_format={"type": "json_object"}, extra_body=extra)
@@ -276,8 +278,16 @@ def test_n_chat_stream_starts_every_choice_with_its_role(json_server):
 
 
 def test_n_with_logprobs_and_a_schema(json_server, json_engine):
-    response = chat(json_server, n=3, temperature=1.0, seed=2, max_tokens=60, logprobs=True, top_logprobs=1,
-                    response_format=schema_format(POINT))  # fmt: skip
+    response = chat(
+        json_server,
+        n=3,
+        temperature=1.0,
+        seed=2,
+        max_tokens=60,
+        logprobs=True,
+        top_logprobs=1,
+        response_format=schema_format(POINT),
+    )
     for choice in response.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), POINT)
@@ -370,8 +380,9 @@ def test_penalties_give_the_target_alones_greedy_output_under_them(server, tiny_
     for extra in ({}, NOT_SPECULATIVE):
         response = completion(server, model, max_tokens=24, extra_body={**extra, **extension}, **openai_fields)
         assert response.choices[0].model_extra["token_ids"] == expected
-        chunks = completion(server, model, stream=True, max_tokens=24, extra_body={**extra, **extension},
-                            **openai_fields)  # fmt: skip
+        chunks = completion(
+            server, model, stream=True, max_tokens=24, extra_body={**extra, **extension}, **openai_fields
+        )
         assert [t for c in chunks for t in c.choices[0].model_extra["token_ids"]] == expected
 
 
@@ -442,6 +453,15 @@ def test_bad_chat_values_are_400s(json_server, what, changes, param):
 
 
 def test_defaults_and_text_format_are_accepted(json_server):
-    response = chat(json_server, max_tokens=4, response_format={"type": "text"}, logprobs=False, top_logprobs=0, n=1,
-                    frequency_penalty=0, presence_penalty=0, logit_bias={})  # fmt: skip
+    response = chat(
+        json_server,
+        max_tokens=4,
+        response_format={"type": "text"},
+        logprobs=False,
+        top_logprobs=0,
+        n=1,
+        frequency_penalty=0,
+        presence_penalty=0,
+        logit_bias={},
+    )
     assert len(response.choices) == 1 and response.choices[0].logprobs is None

@@ -83,8 +83,13 @@ def test_json_schema_outputs_validate_and_equal_the_target_alone(client, schema,
 
 
 def test_json_object_parses_streamed_or_not(client):
-    kwargs = dict(model=MODEL, messages=messages("Describe a cat with two fields."), max_tokens=96, temperature=0,
-                  response_format={"type": "json_object"})  # fmt: skip
+    kwargs = dict(
+        model=MODEL,
+        messages=messages("Describe a cat with two fields."),
+        max_tokens=96,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     whole = client.chat.completions.create(**kwargs).choices[0]
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs))
     assert streamed == whole.message.content
@@ -111,8 +116,9 @@ def test_chat_logprobs_are_the_target_alones_streamed_or_not(server, client):
     chat = messages("Name a river.")
     expected = engine.generate(chat, max_new_tokens=24, speculative=False, logprobs=5)
     for extra in ({}, NOT_SPECULATIVE):
-        kwargs = dict(model=MODEL, messages=chat, max_tokens=24, temperature=0, logprobs=True, top_logprobs=5,
-                      extra_body=extra)  # fmt: skip
+        kwargs = dict(
+            model=MODEL, messages=chat, max_tokens=24, temperature=0, logprobs=True, top_logprobs=5, extra_body=extra
+        )
         whole = client.chat.completions.create(**kwargs).choices[0]
         chunks = list(client.chat.completions.create(stream=True, **kwargs))
         streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
@@ -135,8 +141,10 @@ def test_completion_logprobs_name_the_tokens_and_their_offsets(server, client):
     assert choice.logprobs.tokens == [engine.tokenizer.decode([t]) for t in expected.token_ids]
     assert choice.logprobs.token_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
     assert all(3 <= len(top) <= 4 for top in choice.logprobs.top_logprobs)
-    assert [choice.text[offset:].startswith(token) for offset, token in zip(
-        choice.logprobs.text_offset, choice.logprobs.tokens, strict=True)] == [True] * len(choice.logprobs.tokens)  # fmt: skip
+    assert [
+        choice.text[offset:].startswith(token)
+        for offset, token in zip(choice.logprobs.text_offset, choice.logprobs.tokens, strict=True)
+    ] == [True] * len(choice.logprobs.tokens)
 
 
 def test_seeded_n_choices_repeat(client):
@@ -151,10 +159,21 @@ def test_penalties_give_the_target_alones_greedy_output(server, client):
     chat = messages("List five fruits.")
     bias_token = engine.tokenizer.encode(" apple")[0]
     penalties = dict(frequency_penalty=0.6, presence_penalty=0.4, logit_bias={str(bias_token): -100})
-    expected = engine.generate(chat, max_new_tokens=32, speculative=False, repetition_penalty=1.2,
-                               **{**penalties, "logit_bias": {bias_token: -100.0}})  # fmt: skip
+    expected = engine.generate(
+        chat,
+        max_new_tokens=32,
+        speculative=False,
+        repetition_penalty=1.2,
+        **{**penalties, "logit_bias": {bias_token: -100.0}},
+    )
     for extra in ({}, NOT_SPECULATIVE):
-        response = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=32, temperature=0,
-                                                  extra_body={**extra, "repetition_penalty": 1.2}, **penalties)  # fmt: skip
+        response = client.chat.completions.create(
+            model=MODEL,
+            messages=chat,
+            max_tokens=32,
+            temperature=0,
+            extra_body={**extra, "repetition_penalty": 1.2},
+            **penalties,
+        )
         assert response.choices[0].message.content == expected.text
     assert bias_token not in expected.token_ids

@@ -77,8 +77,9 @@ def test_sample_batch_keeps_to_its_budget_and_reaches_every_example():
         assert sum(e.num_tokens for e in batch) <= 200
         seen.update(ids)
     assert len(seen) == 50
-    assert [e.request_id for e in buffer.sample_batch(np.random.default_rng(7), 200)] == \
-        [e.request_id for e in buffer.sample_batch(np.random.default_rng(7), 200)]  # fmt: skip
+    assert [e.request_id for e in buffer.sample_batch(np.random.default_rng(7), 200)] == [
+        e.request_id for e in buffer.sample_batch(np.random.default_rng(7), 200)
+    ]
     assert len(buffer.sample_batch(rng, tokens=1)) == 1  # at least one, even over budget
     assert ReplayBuffer(100).sample_batch(rng, 100) == []
 

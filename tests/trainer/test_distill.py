@@ -65,17 +65,38 @@ def greedy_records(target, draft, count: int, seed: int = 0) -> list[CorrectionR
         proposed = draft(ids[:, :-1]).logits[:, PROMPT_LEN - 1 :].argmax(-1)  # [count, new]
     top = target_logprobs.topk(TOP_M, dim=-1)
     outputs = ids[:, PROMPT_LEN:]  # [count, new]
-    return [record(f"req-{seed}-{i}", ids[i, :PROMPT_LEN], outputs[i], proposed[i], proposed[i] == outputs[i],
-                   top.indices[i], top.values[i]) for i in range(count)]  # fmt: skip
+    return [
+        record(
+            f"req-{seed}-{i}",
+            ids[i, :PROMPT_LEN],
+            outputs[i],
+            proposed[i],
+            proposed[i] == outputs[i],
+            top.indices[i],
+            top.values[i],
+        )
+        for i in range(count)
+    ]
 
 
-def record(request_id, prompt_ids, output_ids, proposed, accepted, topk_ids, topk_logprobs,
-           temperature: float = 0.0) -> CorrectionRecord:  # fmt: skip
+def record(
+    request_id, prompt_ids, output_ids, proposed, accepted, topk_ids, topk_logprobs, temperature: float = 0.0
+) -> CorrectionRecord:
     return CorrectionRecord(
-        request_id=request_id, created_at=0.0, domain="tiny", target_id="tiny-llama", draft_id="early-exit:1",
-        adapter_version=None, temperature=temperature, prompt_ids=prompt_ids, output_ids=output_ids,
-        proposed=proposed, accepted=accepted, target_topk_ids=topk_ids, target_topk_logprobs=topk_logprobs,
-    )  # fmt: skip
+        request_id=request_id,
+        created_at=0.0,
+        domain="tiny",
+        target_id="tiny-llama",
+        draft_id="early-exit:1",
+        adapter_version=None,
+        temperature=temperature,
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
+        proposed=proposed,
+        accepted=accepted,
+        target_topk_ids=topk_ids,
+        target_topk_logprobs=topk_logprobs,
+    )
 
 
 def train(target, records, settings: LoraSettings, steps: int = STEPS) -> tuple[DraftTrainer, list[float]]:
@@ -115,8 +136,18 @@ def run() -> Run:
     train_s = time.perf_counter() - started
     broken, _ = train(target, train_records, LoraSettings(batch_tokens=512, lr=0.0))
     trained = draft_agreement(trainer.model, split.records)
-    return Run(target, weights_before, train_records, split.records, base, trained,
-               draft_agreement(broken.model, split.records), trainer, losses, train_s)  # fmt: skip
+    return Run(
+        target,
+        weights_before,
+        train_records,
+        split.records,
+        base,
+        trained,
+        draft_agreement(broken.model, split.records),
+        trainer,
+        losses,
+        train_s,
+    )
 
 
 # ---------------------------------------------------------------- records to examples
@@ -126,8 +157,9 @@ def test_example_lines_up_output_positions_with_the_logits_that_predict_them():
     # prompt [10 11 12], output [20 21 22]: the input is [10 11 12 20 21]; the logits after 12
     # (index 2) predict 20, after 20 (index 3) predict 21, after 21 (index 4) predict 22.
     logprobs = np.log([[0.6, 0.3], [0.5, 0.4], [0.9, 0.05]])
-    each = record("r", [10, 11, 12], [20, 21, 22], [20, 5, -1], [True, False, False],
-                  [[20, 7], [21, 5], [22, 3]], logprobs)  # fmt: skip
+    each = record(
+        "r", [10, 11, 12], [20, 21, 22], [20, 5, -1], [True, False, False], [[20, 7], [21, 5], [22, 3]], logprobs
+    )
     example = examples_from_record(each)
     assert example.input_ids.tolist() == [10, 11, 12, 20, 21]
     assert example.positions.tolist() == [2, 3, 4]
@@ -159,8 +191,17 @@ def test_examples_line_up_with_what_the_engine_drafted_and_the_target_logged():
     records = []
     for i in range(4):
         out = engine.generate(rng.integers(0, VOCAB, 5 + i).tolist(), max_new_tokens=16)
-        records.append(record(f"e{i}", out.prompt_ids, out.token_ids, out.proposed, out.accepted,
-                              out.target_topk_ids, out.target_topk_logprobs))  # fmt: skip
+        records.append(
+            record(
+                f"e{i}",
+                out.prompt_ids,
+                out.token_ids,
+                out.proposed,
+                out.accepted,
+                out.target_topk_ids,
+                out.target_topk_logprobs,
+            )
+        )
     batch = collate([examples_from_record(each) for each in records])
     with torch.no_grad():
         draft_argmax = draft_logits(build_early_exit(target, 1), batch).argmax(-1)  # [positions]
@@ -241,9 +282,11 @@ def test_zero_weight_steps_nothing(run):
 
 
 def test_training_raises_heldout_agreement_and_lr0_changes_nothing(run):
-    print(f"\nheld-out ({len(run.holdout)} records, {run.base.positions} positions; {len(run.train_records)} "
-          f"train records, {STEPS} steps in {run.train_s:.1f} s)\n  base    {run.base}\n  trained {run.trained}\n"
-          f"  lr=0    {run.broken}\n  loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")  # fmt: skip
+    print(
+        f"\nheld-out ({len(run.holdout)} records, {run.base.positions} positions; {len(run.train_records)} "
+        f"train records, {STEPS} steps in {run.train_s:.1f} s)\n  base    {run.base}\n  trained {run.trained}\n"
+        f"  lr=0    {run.broken}\n  loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}"
+    )
     # The broken trainer: AdamW at lr 0 never moves LoRA's B off zero, so the draft is the base draft.
     assert run.broken == run.base
     with adapters_disabled(run.trainer.model):

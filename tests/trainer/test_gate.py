@@ -51,11 +51,23 @@ def logged_records(target, count: int, m: int | list[int], seed: int = 0) -> lis
         with torch.no_grad():
             logits = target(torch.tensor([prompt + output[:-1]])).logits[0, len(prompt) - 1 :]  # [n_out, vocab]
         top = torch.log_softmax(logits, dim=-1).topk(width, dim=-1)
-        records.append(CorrectionRecord(
-            request_id=f"g{seed}-{i}", created_at=0.0, domain=None, target_id="tiny", draft_id="early-exit:1",
-            adapter_version=None, temperature=0.0, prompt_ids=prompt, output_ids=output, proposed=[-1] * len(output),
-            accepted=[False] * len(output), target_topk_ids=top.indices, target_topk_logprobs=top.values,
-        ))  # fmt: skip
+        records.append(
+            CorrectionRecord(
+                request_id=f"g{seed}-{i}",
+                created_at=0.0,
+                domain=None,
+                target_id="tiny",
+                draft_id="early-exit:1",
+                adapter_version=None,
+                temperature=0.0,
+                prompt_ids=prompt,
+                output_ids=output,
+                proposed=[-1] * len(output),
+                accepted=[False] * len(output),
+                target_topk_ids=top.indices,
+                target_topk_logprobs=top.values,
+            )
+        )
     return records
 
 

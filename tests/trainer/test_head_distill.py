@@ -82,9 +82,18 @@ def run() -> Run:
     start = draft_agreement(HeadTrainer(TrainableHead(target), SETTINGS).model, split.records)
     trainer, losses = train(target, train_records, SETTINGS)
     broken, _ = train(target, train_records, HeadSettings(batch_tokens=512, r=8, lr=0.0), steps=5)
-    return Run(target, weights_before, train_records, split.records, base, trainer,
-               draft_agreement(trainer.model, split.records), draft_agreement(broken.model, split.records), start,
-               losses)  # fmt: skip
+    return Run(
+        target,
+        weights_before,
+        train_records,
+        split.records,
+        base,
+        trainer,
+        draft_agreement(trainer.model, split.records),
+        draft_agreement(broken.model, split.records),
+        start,
+        losses,
+    )
 
 
 # ---------------------------------------------------------------- what the head reads
@@ -113,10 +122,17 @@ def test_a_head_that_is_a_one_layer_target_scores_one_at_every_chained_step():
     engine = Engine(target, "head", k=2, record_topk=8, eos_token_id=[])
     rng = np.random.default_rng(1)
     records = [
-        record_from_output(engine.generate(rng.integers(0, 16, 8).tolist(), max_new_tokens=16), request_id=f"r{i}",
-                           created_at=0.0, domain=None, target_id="tiny", draft_id="head", temperature=0.0)
+        record_from_output(
+            engine.generate(rng.integers(0, 16, 8).tolist(), max_new_tokens=16),
+            request_id=f"r{i}",
+            created_at=0.0,
+            domain=None,
+            target_id="tiny",
+            draft_id="head",
+            temperature=0.0,
+        )
         for i in range(12)
-    ]  # fmt: skip
+    ]
     head = TrainableHead(target)
     hidden = target.config.hidden_size
     with torch.no_grad():  # the layer sees exactly the token's embedding, as the target's layer does
@@ -164,9 +180,11 @@ def test_training_raises_heldout_agreement_and_lr0_changes_nothing(run):
             ("trained", run.trainer.head),
         ]
     }
-    print(f"\nheld-out {run.base.positions} positions\n  base    {run.base}\n  start   {run.start}\n"
-          f"  trained {run.trained}\n  lr=0    {run.broken}\n  chains  {chains}\n"
-          f"  loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")  # fmt: skip
+    print(
+        f"\nheld-out {run.base.positions} positions\n  base    {run.base}\n  start   {run.start}\n"
+        f"  trained {run.trained}\n  lr=0    {run.broken}\n  chains  {chains}\n"
+        f"  loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}"
+    )
     assert run.broken == run.start  # AdamW at lr 0: the weights the trainer starts from
     with adapters_disabled(run.trainer.model):  # LoRA off and the fuse back to [I | I]: the served base head
         assert draft_agreement(run.trainer.model, run.holdout) == run.base
@@ -194,8 +212,9 @@ def test_the_batch_softmax_is_the_vocabulary_softmax_over_the_batch_tokens_alone
         outside = torch.ones(VOCAB, dtype=torch.bool)
         outside[columns] = False
         kl = position_losses(logits(states), ids, batch.target_topk_logprobs)
-        masked = position_losses(full.masked_fill(outside, -torch.inf), batch.target_topk_ids,
-                                 batch.target_topk_logprobs)  # fmt: skip
+        masked = position_losses(
+            full.masked_fill(outside, -torch.inf), batch.target_topk_ids, batch.target_topk_logprobs
+        )
         assert torch.allclose(kl, masked, atol=1e-5)
         # ... so it is at most the vocabulary's, and "vocab" is the whole vocabulary's.
         whole = position_losses(full, batch.target_topk_ids, batch.target_topk_logprobs)
@@ -212,8 +231,10 @@ def test_only_lora_and_the_fuse_train_and_the_target_is_untouched(run):
     assert not any("lora" in name for name, _ in run.target.named_modules())
     trainable = [name for name, p in run.trainer.model.named_parameters() if p.requires_grad]
     assert len(trainable) == 2 * 7 + 1  # A and B on the layer's 7 projections, and the fuse's trained copy
-    assert all(("lora_" in name and ".layer." in name) or name.endswith("fuse.modules_to_save.default.weight")
-               for name in trainable)  # fmt: skip
+    assert all(
+        ("lora_" in name and ".layer." in name) or name.endswith("fuse.modules_to_save.default.weight")
+        for name in trainable
+    )
     assert all(p.grad is None for p in run.target.parameters())
 
 
@@ -260,8 +281,9 @@ def test_the_engine_serves_a_version_as_the_trainer_trained_it_and_stays_lossles
     served = engine.adapters.general.weights  # the DraftHead the drafter decodes with
     batch = head_batch(run.trainer.head, [(r, examples_from_record(r)) for r in run.holdout[:3]])
     with torch.no_grad():
-        assert torch.allclose(served(batch.input_ids, batch.features), run.trainer.head(batch.input_ids, batch.features),
-                              atol=1e-4)  # fmt: skip
+        assert torch.allclose(
+            served(batch.input_ids, batch.features), run.trainer.head(batch.input_ids, batch.features), atol=1e-4
+        )
     outputs = engine.generate_batch(prompts, max_new_tokens=24, k=3)
     assert [out.token_ids for out in outputs] == plain == [out.token_ids for out in base]
     accepted = sum(out.stats.accepted for out in outputs) / sum(out.stats.drafted for out in outputs)

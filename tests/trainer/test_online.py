@@ -143,8 +143,9 @@ def learned(target, records, redis_url, tmp_path_factory) -> Learned:
         writer.submit(record)
     writer.close(timeout=5)
     promoted: list[AdapterVersion] = []
-    trainer = make_trainer(target, client, stream, "learner", root, on_promote=promoted.append,
-                           base_version="tiny-base")  # fmt: skip
+    trainer = make_trainer(
+        target, client, stream, "learner", root, on_promote=promoted.append, base_version="tiny-base"
+    )
     results = []
     while trainer.poll(block_ms=0):
         results.append(trainer.train_round())
@@ -194,7 +195,8 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     path = version.path
     assert path == learned.root / "adapters" / "v0001" and version.name == "v0001"
     assert {"adapter_config.json", "adapter_model.safetensors", METADATA_FILE, "checksum.sha256"} <= {
-        p.name for p in path.iterdir()}  # fmt: skip
+        p.name for p in path.iterdir()
+    }
     assert not list(path.parent.glob(".*"))  # no temporary directory left behind
 
     digest = hashlib.sha256((path / "adapter_model.safetensors").read_bytes()).hexdigest()
@@ -291,8 +293,15 @@ def test_the_default_statistical_gate_says_what_it_waits_for_and_promotes_before
 
 def test_lr0_trainer_promotes_nothing(target, records, redis_client, tmp_path):
     append(redis_client, "test:online:lr0", records)
-    trainer = make_trainer(target, redis_client, "test:online:lr0", "lr0", tmp_path, round_steps=5,
-                           lora=LoraSettings(batch_tokens=512, lr=0.0))  # fmt: skip
+    trainer = make_trainer(
+        target,
+        redis_client,
+        "test:online:lr0",
+        "lr0",
+        tmp_path,
+        round_steps=5,
+        lora=LoraSettings(batch_tokens=512, lr=0.0),
+    )
     results = []
     while trainer.poll(block_ms=0):
         results.append(trainer.train_round())
@@ -342,8 +351,7 @@ def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, rec
         round_steps=3,
         max_round_steps=9,
         read_count=64,
-        gate=Gate(min_positions=1, margin=1.0),
-    )  # fmt: skip  (trains, never promotes)
+XX    )  # fmt: skip  (trains, never promotes)
     stop = threading.Event()
     worker = threading.Thread(target=trainer.run, args=(stop,), kwargs=dict(checkpoint_every_s=60, poll_block_ms=50))
     worker.start()
@@ -363,8 +371,7 @@ def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, rec
         OnlineSettings(tmp_path / "x", round_steps=20, max_round_steps=10)
 
 
-def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(target, records, redis_client,
-                                                                             tmp_path):  # fmt: skip
+def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(target, records, redis_client, tmp_path):
     """A round that keeps training polls, so held-out records may arrive before its candidate is
     promoted. The champion's cached figures are those of the round's snapshot: the next round scores
     the champion on the grown held-out set, both sides on the same records (bench-drift --scenario
@@ -372,8 +379,9 @@ def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(ta
     stream = "test:online:grown"
     append(redis_client, stream, records[:64])
     promotes = Gate(min_positions=1, margin=-1.0)
-    trainer = make_trainer(target, redis_client, stream, "grown", tmp_path, round_steps=3, max_round_steps=4,
-                           read_count=128, gate=promotes)  # fmt: skip
+    trainer = make_trainer(
+        target, redis_client, stream, "grown", tmp_path, round_steps=3, max_round_steps=4, read_count=128, gate=promotes
+    )
     assert trainer.poll(block_ms=0) == 64
     held_before = len(trainer.holdout)
 
@@ -410,8 +418,18 @@ def test_a_first_round_promotes_at_the_look_that_makes_it_certain(target, record
     stream = "test:online:look"
     append(redis_client, stream, records[:48])
     gate = _PromotesOnRecords()
-    trainer = make_trainer(target, redis_client, stream, "look", tmp_path, round_steps=3, max_round_steps=12,
-                           min_new_records=8, read_count=128, gate=gate)  # fmt: skip
+    trainer = make_trainer(
+        target,
+        redis_client,
+        stream,
+        "look",
+        tmp_path,
+        round_steps=3,
+        max_round_steps=12,
+        min_new_records=8,
+        read_count=128,
+        gate=gate,
+    )
     assert trainer.poll(block_ms=0) == 48
     gate.records = len(trainer.holdout) + 1  # not before records arrive
 
@@ -439,15 +457,25 @@ def test_a_first_round_promotes_at_the_look_that_makes_it_certain(target, record
 
 
 @pytest.mark.parametrize("margin", [0.0, 1.0])
-def test_a_candidate_ahead_but_not_yet_certain_is_trained_on_in_the_next_round(margin, target, records,
-                                                                               redis_client, tmp_path):  # fmt: skip
+def test_a_candidate_ahead_but_not_yet_certain_is_trained_on_in_the_next_round(
+    margin, target, records, redis_client, tmp_path
+):
     """A candidate that beats its champion on the held-out records by more than the gate's margin, but
     without the gate's confidence, is not thrown away: the next round starts from its weights. Ahead by
     less than the margin (1.0 here), it is rolled back and the next round starts from the champion."""
     stream = f"test:online:carry:{margin}"
     append(redis_client, stream, records[:64])
-    trainer = make_trainer(target, redis_client, stream, "carry", tmp_path, round_steps=20, min_new_records=8,
-                           read_count=128, gate=_PromotesOnRecords(margin))  # fmt: skip
+    trainer = make_trainer(
+        target,
+        redis_client,
+        stream,
+        "carry",
+        tmp_path,
+        round_steps=20,
+        min_new_records=8,
+        read_count=128,
+        gate=_PromotesOnRecords(margin),
+    )
     trainer.poll(block_ms=0)
     draft, starts, ends = trainer.trainer, [], []
     train_step = draft.train_step
@@ -501,8 +529,9 @@ def test_entries_stay_pending_until_a_checkpoint_contains_them(target, records, 
 
 def test_without_checkpoint_dir_entries_are_acknowledged_once_buffered(target, records, redis_client, tmp_path):
     append(redis_client, "test:online:nockpt", records[:20])
-    trainer = make_trainer(target, redis_client, "test:online:nockpt", "plain", tmp_path, checkpoint_dir=None,
-                           min_new_records=NEVER)  # fmt: skip
+    trainer = make_trainer(
+        target, redis_client, "test:online:nockpt", "plain", tmp_path, checkpoint_dir=None, min_new_records=NEVER
+    )
     assert trainer.poll(block_ms=0) == 20 and kept(trainer) == 20
     assert trainer.stream.pending_count() == 0
     with pytest.raises(ValueError, match="no checkpoint_dir"):
@@ -526,8 +555,7 @@ def test_between_rounds_the_loop_drains_a_backlog_not_one_read(target, records, 
 # ---------------------------------------------------------------- faults: kill and restart
 
 
-def test_killed_trainer_loses_nothing_when_restarted_under_its_consumer_name(target, records, redis_client,
-                                                                             tmp_path):  # fmt: skip
+def test_killed_trainer_loses_nothing_when_restarted_under_its_consumer_name(target, records, redis_client, tmp_path):
     stream = "test:online:kill"
     append(redis_client, stream, records[:50])
     first = make_trainer(target, redis_client, stream, "trainer-1", tmp_path, min_new_records=NEVER, read_count=20)
@@ -554,8 +582,16 @@ def test_another_consumer_reclaims_a_dead_trainers_entries_once_idle(target, rec
     stream = "test:online:reclaim"
     append(redis_client, stream, records[:50])
     dead = make_trainer(target, redis_client, stream, "dead", tmp_path / "dead", min_new_records=NEVER, read_count=50)
-    heir = make_trainer(target, redis_client, stream, "heir", tmp_path / "heir", min_new_records=NEVER,
-                        read_count=20, reclaim_idle_ms=100)  # fmt: skip
+    heir = make_trainer(
+        target,
+        redis_client,
+        stream,
+        "heir",
+        tmp_path / "heir",
+        min_new_records=NEVER,
+        read_count=20,
+        reclaim_idle_ms=100,
+    )
     assert dead.poll(block_ms=0) == 50
     del dead  # killed before any checkpoint: all 50 pending on "dead"
     assert heir.poll(block_ms=0) == 0  # nothing new, nothing idle long enough yet
@@ -634,8 +670,9 @@ def test_resumed_trainer_has_the_same_buffer_champion_and_version_numbers(learne
     assert resumed.rng.bit_generator.state == trainer.rng.bit_generator.state
     assert resumed.poll(block_ms=0) == 0  # everything was acknowledged; nothing comes back
 
-    state = json.loads((learned.root / "checkpoint" / (learned.root / "checkpoint" / "LATEST").read_text()
-                        / "state.json").read_text())  # fmt: skip
+    state = json.loads(
+        (learned.root / "checkpoint" / (learned.root / "checkpoint" / "LATEST").read_text() / "state.json").read_text()
+    )
     assert state["champion_version"] == trainer.champion_version and state["consumer"] == "learner"
 
 

@@ -36,7 +36,7 @@ from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from adaptive_spec.contracts import NOT_PROMOTED_TAG, OUTSIDE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
-from launch.redis import free_port
+from launch.processes import free_port
 from registry.client import AdapterRegistry
 from trainer.champion import RegistryChampion
 from trainer.distill import LoraSettings
@@ -100,8 +100,13 @@ class Setup:
         registry = options.pop("registry", self.registry)
         settings = OnlineSettings(data_dir / "adapters", checkpoint_dir=data_dir / "trainer", **(OPTIONS | options))
         stream = CorrectionStream(self.client, stream=self.stream, consumer=consumer)
-        return OnlineTrainer(build_early_exit(self.target, 1), stream, settings, on_promote=pending.submit,
-                             champion_source=RegistryChampion(registry, pending))  # fmt: skip
+        return OnlineTrainer(
+            build_early_exit(self.target, 1),
+            stream,
+            settings,
+            on_promote=pending.submit,
+            champion_source=RegistryChampion(registry, pending),
+        )
 
 
 @pytest.fixture
@@ -111,8 +116,9 @@ def setup(target, records, redis_client, tmp_path) -> Setup:
     for record in records:
         pipe.xadd(stream, {"r": record.encode()})
     pipe.execute()
-    registry = AdapterRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}", data_dir=tmp_path,
-                               model_name=f"draft-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    registry = AdapterRegistry(
+        f"sqlite:///{tmp_path / 'mlflow.db'}", data_dir=tmp_path, model_name=f"draft-{uuid.uuid4().hex[:8]}"
+    )
     return Setup(
         target,
         redis_client,

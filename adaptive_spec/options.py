@@ -1,0 +1,99 @@
+"""The model options every process takes, and settings read from the environment (STYLE.md §9, §20).
+
+    models = ModelOptions(target="smollm2-135m-instruct", draft="head", k=None)
+    models.argv()              # ["--target", "smollm2-135m-instruct", "--draft", "head", "--dtype", "auto", "--device", "auto"]
+    models.argv(k=False)       # the same without --k, for `adaptive-spec train`, which takes none
+
+    @dataclass(frozen=True)
+    class Settings(ModelOptions, EnvSettings):   # flat: target, draft, k, dtype, device, then its own fields
+        port: int = 8000
+    Settings.from_env(port=8001)                 # defaults, then ADAPTIVE_SPEC_<FIELD>, then the overrides given
+
+A process's settings type holds its defaults once: the command line takes its flags' defaults from
+there (`None` on the command line means "not given": the environment or the default decides), and
+`from_env` reads every field from `ADAPTIVE_SPEC_<FIELD>` (or the name in `ENV_NAMES`), parsed by
+the field's type. `k` also takes `dynamic` (None: dynamic k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, ENV_PREFIX
+
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+DYNAMIC_K = "dynamic"
+
+S = TypeVar("S", bound="EnvSettings")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """Which models: the target, the draft spec, k per step (None: dynamic k), dtype and device."""
+
+    target: str = DEFAULT_MODEL
+    draft: str = DEFAULT_DRAFT
+    k: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+
+    @property
+    def models(self) -> ModelOptions:
+        """Just the model options of a settings object that holds more."""
+        return ModelOptions(self.target, self.draft, self.k, self.dtype, self.device)
+
+    def argv(self, *, k: bool = True) -> list[str]:
+        """The flags that give a child `adaptive-spec serve` (or, with k=False, `train`) these models."""
+        flags = ["--target", self.target, "--draft", self.draft, "--dtype", self.dtype, "--device", self.device]
+        return flags + (["--k", str(self.k)] if k and self.k is not None else [])
+
+
+class EnvSettings:
+    """`from_env` for a frozen dataclass of settings: each field from ADAPTIVE_SPEC_<FIELD> (or ENV_NAMES)."""
+
+    ENV_NAMES: ClassVar[dict[str, str]] = {}  # field -> environment variable, where it is not ADAPTIVE_SPEC_<FIELD>
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        return cls.ENV_NAMES.get(field, ENV_PREFIX + field.upper())
+
+    @classmethod
+    def from_env(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: Any) -> S:
+        """Defaults, then the environment, then `overrides` that are not None (flags that were given)."""
+        env = os.environ if environ is None else environ
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            name = cls.env_name(field.name)
+            raw = env.get(name)
+            if raw is not None and raw.strip() != "":
+                values[field.name] = _parse(field.name, hints[field.name], raw, name)
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+
+def _parse(field: str, hint: Any, raw: str, env_name: str) -> Any:
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] if _optional(hint) else [hint]
+    kind = kinds[0] if len(kinds) == 1 else str
+    if field == "k" and raw.strip() == DYNAMIC_K:
+        return None
+    try:
+        if kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind in (int, float):
+            return kind(raw)
+    except ValueError:
+        raise ValueError(f"{env_name}={raw!r} is not a number") from None
+    if kind is Path:
+        return Path(raw)
+    return raw
+
+
+def _optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
