@@ -30,8 +30,8 @@ from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
-from benchmarks.drift import DriftSettings, run_drift
-from trainer.drafts import TARGET_DRAFTS
+from benchmarks.drift import DriftBenchSettings, run_drift
+from trainer.learning.drafts import TARGET_DRAFTS
 
 TRAINABLE = "early-exit:N, head, ngram+early-exit:N or ngram+head"
 
@@ -70,7 +70,7 @@ def run_compare(
     specs: tuple[str, ...],
     items: list[PromptItem],
     domain: str,
-    settings: DriftSettings,
+    settings: DriftBenchSettings,
     redis_url: str,
     workdir: Path,
     progress: bool = True,

@@ -46,17 +46,17 @@ import redis
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.contracts import ADAPTERS_DIR, CORRECTION_STREAM, REDIS_URL_ENV
+from adaptive_spec.contracts import CORRECTION_STREAM, REDIS_URL_ENV
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 from benchmarks.bench import run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
 from service.correction_log import CorrectionLogWriter
-from trainer.decision import StatisticalGate, Thresholds
-from trainer.drafts import TARGET_DRAFTS, trainable_draft
-from trainer.online import OnlineSettings, OnlineTrainer
-from trainer.stream import CorrectionStream
+from trainer.intake.stream import CorrectionStream
+from trainer.learning.drafts import TARGET_DRAFTS
+from trainer.process.build import build_trainer, load_draft
+from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ PHASE_KEYS = ("acceptance_rate", "mean_acceptance_length", "speedup_vs_target", 
 
 
 @dataclass
-class DriftSettings:
+class DriftBenchSettings:
     budget_minutes: float = 30.0
     eval_prompts: int = 24
     max_new_tokens: int = 64
@@ -93,7 +93,7 @@ def run_drift(
     engine: Engine,
     items: list[PromptItem],
     domain: str,
-    settings: DriftSettings,
+    settings: DriftBenchSettings,
     redis_url: str,
     workdir: Path,
     progress: bool = True,
@@ -134,14 +134,12 @@ def run_drift(
 
     # A benchmark sees minutes of traffic, not hours: a larger held-out share than a server's trainer
     # keeps, so the statistical gate has its first records sooner; the gate itself is the trainer's.
-    online = OnlineSettings(
-        workdir / ADAPTERS_DIR,
-        target_id=engine.target_id,
-        draft_id=engine.draft_id,
-        gate=StatisticalGate(Thresholds(min_positions=settings.gate_min_positions)),
-        holdout_fraction=settings.holdout_fraction,
+    train = TrainerSettings(
+        target=engine.target_id, draft=engine.draft_id, data_dir=workdir, gate_min_positions=settings.gate_min_positions
     )
-    trainer = OnlineTrainer(draft, stream, online, on_promote=promote)
+    trainer = build_trainer(
+        train, draft, stream, checkpoints=False, on_promote=promote, holdout_fraction=settings.holdout_fraction
+    )
     stop = threading.Event()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -261,10 +259,9 @@ def _train(trainer, stop: threading.Event, deadline: float) -> None:
 
 def _draft_to_train(engine):
     """The trainer's draft over the engine's own target: an early-exit draft or a head (ngram+ as well)."""
-    spec = parse_draft_spec(engine.draft_id)
-    if spec.kind not in TARGET_DRAFTS:
+    if parse_draft_spec(engine.draft_id).kind not in TARGET_DRAFTS:
         raise DraftSpecError(f"bench-drift trains early-exit:N and head drafts; got draft {engine.draft_id!r}")
-    return trainable_draft(spec, engine.target)
+    return load_draft(TrainerSettings(target=engine.target_id, draft=engine.draft_id), target=engine.target)[0]
 
 
 def format_report(figures: dict) -> str:

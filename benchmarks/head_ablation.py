@@ -58,10 +58,10 @@ from tqdm import tqdm
 from adaptive_spec.contracts import DEFAULT_MODEL
 from adaptive_spec.record import CorrectionRecord, record_from_output
 from service.finite import finite
-from trainer.buffer import ReplayBuffer
-from trainer.distill import examples_from_record
-from trainer.head_distill import HeadSettings, HeadTrainer
-from trainer.head_model import TrainableHead
+from trainer.intake.buffer import ReplayBuffer
+from trainer.intake.examples import examples_from_record
+from trainer.learning.head_distill import HeadSettings, HeadTrainer
+from trainer.learning.head_model import TrainableHead
 
 BASE = {"r": 16, "alpha": 32}  # the recipes differ from this one (the head's default before rank 64) in one thing
 RECIPES = {

@@ -13,7 +13,7 @@ model's vocabulary, greedy and untagged, drafted k = 4 at a time with half the d
 accepted. Only the shape is real: no model served them. With the default model a record is about
 4.8 kB. Then, side by side on the same records (two consumer groups of one stream):
 
-1. Intake alone: an `OnlineTrainer` as `adaptive-spec train` assembles it (trainer/main.py), with
+1. Intake alone: an `OnlineTrainer` as `adaptive-spec train` assembles it (trainer/process/main.py), with
    its checkpoint directory, but a `min_new_records` no backlog reaches, so no round runs. Its loop
    polls (decode, route into the held-out set or the replay buffer) until the group has read every
    entry, then writes its last checkpoint, which acknowledges them. `intake_records_s` = records /
@@ -66,49 +66,40 @@ import redis
 import torch
 
 from adaptive_spec.contracts import (
-    ADAPTERS_DIR,
-    CHECKPOINT_DIR,
     CORRECTION_STREAM,
-    DEFAULT_DRAFT,
-    DEFAULT_MODEL,
     PENDING_FILE,
     REDIS_URL_ENV,
     TRAINER_GROUP,
     sqlite_tracking_uri,
 )
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
-from adaptive_spec.models import load_model, resolve_device, resolve_dtype
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.models import resolve_device, resolve_dtype
+from adaptive_spec.options import DTYPES, ModelOptions
+from benchmarks.synthetic import fill_stream, synthetic_record
 from launch.redis import RedisStartError, started_server
 from registry.client import AdapterRegistry
-from service.correction_log import CorrectionLogWriter
-from trainer.champion import RegistryChampion
-from trainer.decision import StatisticalGate, Thresholds
-from trainer.drafts import TARGET_DRAFTS, trainable_draft
-from trainer.main import TrainSettings
-from trainer.online import OnlineSettings, OnlineTrainer
-from trainer.pending import PendingRegistrations
-from trainer.rounds import TrainerStatus
-from trainer.stream import CorrectionStream
+from trainer.intake.stream import CorrectionStream
+from trainer.loop.online import OnlineSettings, OnlineTrainer
+from trainer.loop.rounds import TrainerStatus
+from trainer.process.build import build_trainer, load_draft
+from trainer.promotion.champion import RegistryChampion
+from trainer.promotion.pending import PendingRegistrations
+from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
-DRAFT_K = 4  # draft tokens per step in the synthetic records
-ACCEPTANCE = 0.5  # chance that each draft token is accepted, up to the first rejection
 IDLE_POLL_MS = 10  # a poll that finds nothing new waits this long (the trainer's 1 s would pad each part)
 
 
 @dataclass(frozen=True)
-class IntakeBenchSettings:
+class IntakeBenchSettings(ModelOptions):
+    """The model options of the trainer measured (its k is not used), then the benchmark's own."""
+
     records: int = 2000
-    target: str = DEFAULT_MODEL
-    draft: str = DEFAULT_DRAFT
     prompt_tokens: tuple[int, int] = (100, 200)  # uniform, both ends included
     output_tokens: int = 64
     topk: int = 16  # the server's record_topk (service/settings.py)
     loop_minutes: float = 3.0  # the trainer loop's budget (a round under way finishes first)
-    device: str = "auto"
-    dtype: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -117,77 +108,6 @@ class IntakeBenchSettings:
             raise ValueError("records, output_tokens, topk and the prompt lengths must be >= 1, with min <= max")
         if self.loop_minutes <= 0:
             raise ValueError("loop_minutes must be positive")
-
-
-# ---------------------------------------------------------------- synthetic records of real shape
-
-
-def synthetic_record(
-    rng: np.random.Generator, settings: IntakeBenchSettings, vocab: int, draft_id: str
-) -> CorrectionRecord:
-    """One record shaped like those the server logs for a greedy, untagged request.
-
-    Example with the defaults and the default model (vocab 49152): a 153-token prompt, 64 output
-    tokens, at each the target's top-16 ids (the output token first: greedy) and log-probabilities,
-    descending; uint16 ids, so header 32 + strings 75 (a 32-character request id, the target's and
-    the draft's names) + 153 * 2 + 64 * 68.25 + CRC 4 = 4785 bytes encoded (record.py has the layout).
-    """
-    n_prompt = int(rng.integers(settings.prompt_tokens[0], settings.prompt_tokens[1] + 1))
-    n_out, m = settings.output_tokens, min(settings.topk, vocab)
-    output_ids = rng.integers(0, vocab, n_out)  # [n_out] the target's greedy tokens
-    # Distinct ids in each row: the output token, then increasing offsets from it that stay below vocab.
-    offsets = rng.integers(1, max(2, vocab // m), (n_out, m - 1)).cumsum(axis=1)  # [n_out, m - 1]
-    topk_ids = np.concatenate([output_ids[:, None], (output_ids[:, None] + offsets) % vocab], axis=1)  # [n_out, m]
-    probs = rng.dirichlet(np.full(m + 1, 0.5), n_out)  # [n_out, m + 1]: m tokens and the rest of the vocabulary
-    topk_logprobs = np.log(np.maximum(-np.sort(-probs[:, :m], axis=1), 1e-30))  # [n_out, m] descending
-    proposed, accepted = _drafting(rng, output_ids, vocab)
-    return CorrectionRecord(
-        request_id=rng.bytes(16).hex(),
-        created_at=time.time(),
-        domain=None,
-        target_id=settings.target,
-        draft_id=draft_id,
-        adapter_version=None,
-        temperature=0.0,
-        prompt_ids=rng.integers(0, vocab, n_prompt),
-        output_ids=output_ids,
-        proposed=proposed,
-        accepted=accepted,
-        target_topk_ids=topk_ids,
-        target_topk_logprobs=topk_logprobs,
-    )
-
-
-def _drafting(rng: np.random.Generator, output_ids: np.ndarray, vocab: int) -> tuple[list[int], list[bool]]:
-    """(proposed, accepted) as the engine's trace fills them (adaptive_spec/request.py Trace.record):
-    the prefill's token has no proposal; then each step drafts DRAFT_K tokens, keeps the accepted
-    ones and adds the recovered token (proposed: the rejected draft token) or, when all were
-    accepted, the bonus token (no proposal)."""
-    proposed, accepted = [-1], [False]
-    while len(proposed) < len(output_ids):
-        n = 0
-        while n < DRAFT_K and rng.random() < ACCEPTANCE:
-            n += 1
-        for i in range(n + 1):
-            token = int(output_ids[len(proposed)])
-            if i < n:
-                proposed.append(token)
-            else:
-                proposed.append(-1 if n == DRAFT_K else (token + int(rng.integers(1, vocab))) % vocab)
-            accepted.append(i < n)
-            if len(proposed) == len(output_ids):
-                break
-    return proposed, accepted
-
-
-def fill_stream(url: str, stream: str, records: list[CorrectionRecord]) -> int:
-    """Append the records as a server does (CorrectionLogWriter); returns how many Redis took."""
-    writer = CorrectionLogWriter(url, stream=stream, maxlen=max(100_000, len(records)), queue_size=len(records))
-    for record in records:
-        writer.submit(record)
-    writer.flush(timeout=60.0)
-    writer.close(timeout=5.0)
-    return writer.written
 
 
 # ---------------------------------------------------------------- the two measurements
@@ -262,45 +182,20 @@ def _consume(
     return elapsed
 
 
-def _online_settings(train: TrainSettings, data_dir: Path) -> OnlineSettings:
-    """The OnlineSettings `adaptive-spec train` builds from its TrainSettings (trainer/main.py run_trainer)."""
-    return OnlineSettings(
-        data_dir / ADAPTERS_DIR,
-        checkpoint_dir=data_dir / CHECKPOINT_DIR,
-        target_id=train.target,
-        draft_id=train.draft,
-        gate=StatisticalGate(Thresholds(confidence=train.gate_confidence, min_positions=train.gate_min_positions)),
-        min_new_records=train.min_new_records,
-        round_steps=train.round_steps,
-        max_domains=train.max_domains,
-    )
-
-
-def _load_draft(settings: IntakeBenchSettings) -> tuple[torch.nn.Module, int]:
-    """(the draft module a trainer owns, the vocabulary size), loaded as run_trainer loads them."""
-    spec = parse_draft_spec(settings.draft)
-    if not spec.trainable:
-        raise DraftSpecError(f"the {spec} draft has no weights to train; use early-exit:N, head or a draft model")
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
-    model = load_model(settings.target if spec.kind in TARGET_DRAFTS else spec.source, device, dtype)[0]
-    vocab = model.config.vocab_size
-    return (trainable_draft(spec, model) if spec.kind in TARGET_DRAFTS else model), vocab
-
-
 def _after(client: redis.Redis, stream: CorrectionStream) -> dict:
     info = group_info(client, stream.stream, stream.group)
     return {"entries_read": info.get("entries-read"), "pending": info["pending"], "acknowledged": stream.acknowledged}
 
 
 def measure_intake(
-    draft: torch.nn.Module, client: redis.Redis, stream_name: str, train: TrainSettings, workdir: Path, records: int
+    draft: torch.nn.Module, client: redis.Redis, stream_name: str, train: TrainerSettings, workdir: Path, records: int
 ) -> dict:
     """Part 1: the trainer's loop with no rounds, until every entry is read and acknowledged."""
     stream = _CountedStream(client, stream=stream_name, group=f"{TRAINER_GROUP}-intake-alone", consumer="intake")
     never = records + 1  # new training records for a round: no round starts
-    online = dataclasses.replace(_online_settings(train, workdir / "intake"), min_new_records=never)
-    trainer = OnlineTrainer(draft, stream, online)
+    trainer = build_trainer(
+        dataclasses.replace(train, data_dir=workdir / "intake"), draft, stream, min_new_records=never
+    )
     trainer.status = TrainerStatus(None, stream.consumer)
     seconds = _consume(trainer, client, records, None, train.checkpoint_every_s)
     return {"intake_s": seconds, "intake_records": trainer.records_consumed, "intake_rounds": trainer.rounds} | {
@@ -312,7 +207,7 @@ def measure_loop(
     draft: torch.nn.Module,
     client: redis.Redis,
     stream_name: str,
-    train: TrainSettings,
+    train: TrainerSettings,
     workdir: Path,
     records: int,
     budget_s: float,
@@ -323,12 +218,13 @@ def measure_loop(
     registry.served()  # opens MLflow and creates its tables now, not inside the measured loop
     pending = PendingRegistrations(registry, data_dir / PENDING_FILE, by="bench-intake", retry_s=train.retry_s).start()
     stream = _CountedStream(client, stream=stream_name, consumer="loop")
-    trainer = _TimedTrainer(
+    trainer = build_trainer(
+        dataclasses.replace(train, data_dir=data_dir),
         draft,
         stream,
-        _online_settings(train, data_dir),
         on_promote=pending.submit,
         champion_source=RegistryChampion(registry, pending),
+        trainer_class=_TimedTrainer,
     )
     trainer.status = TrainerStatus(None, stream.consumer)
     try:
@@ -351,10 +247,10 @@ def measure_loop(
 def run_intake_bench(settings: IntakeBenchSettings, redis_url: str, workdir: Path, stream_name: str) -> dict:
     """Fill `stream_name` on `redis_url` and measure both parts on it; returns the figures."""
     load_start = os.getloadavg()
-    train = TrainSettings(target=settings.target, draft=settings.draft, data_dir=workdir, redis_url=redis_url)
+    train = TrainerSettings(**vars(settings.models), data_dir=workdir, redis_url=redis_url)
     client = redis.Redis.from_url(redis_url)
     try:
-        draft, vocab = _load_draft(settings)
+        draft, vocab = load_draft(train)
         rng = np.random.default_rng(settings.seed)
         records = [synthetic_record(rng, settings, vocab, settings.draft) for _ in range(settings.records)]
         record_bytes = float(np.mean([record.encoded_size for record in records]))
@@ -367,7 +263,7 @@ def run_intake_bench(settings: IntakeBenchSettings, redis_url: str, workdir: Pat
         del draft
         gc.collect()
         print(f"part 2, the trainer loop for up to {settings.loop_minutes:g} minutes ...", file=sys.stderr, flush=True)
-        draft, _ = _load_draft(settings)  # a fresh one: the first trainer injected its LoRA into its draft in place
+        draft, _ = load_draft(train)  # a fresh one: the first trainer injected its LoRA into its draft in place
         loop = measure_loop(draft, client, stream_name, train, workdir, written, settings.loop_minutes * 60)
     finally:
         client.close()
@@ -471,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--target", default=defaults.target, help="default: %(default)s")
     models.add_argument("--draft", default=defaults.draft, help="the draft the trainer trains (default: %(default)s)")
     models.add_argument("--device", default=defaults.device, help="default: %(default)s")
-    models.add_argument("--dtype", default=defaults.dtype, choices=["auto", "fp32", "bf16", "fp16"])
+    models.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
     models.add_argument("--threads", type=_positive(int), default=None, help="torch threads (default: torch's)")
     shape = parser.add_argument_group("the synthetic records")
     shape.add_argument(

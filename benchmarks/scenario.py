@@ -28,7 +28,6 @@ import asyncio
 import itertools
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,12 +39,15 @@ from pathlib import Path
 import httpx
 
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
+from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem, load_prompts
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
-from benchmarks.serve import ServeBenchSettings, child_env, served, stop_process
+from benchmarks.serve import ServeBenchSettings, child_env, served
+from launch.processes import Child
 from launch.redis import started_server
 from service.stats_queries import ratio
+from trainer.settings import TrainerSettings
 
 MIX = "mix"
 RECOVER_FRACTION = 0.8  # recovered: a window at this fraction of the phase's plateau
@@ -82,13 +84,10 @@ def parse_scenario(text: str) -> list[Phase]:
 
 
 @dataclass(frozen=True)
-class ScenarioSettings:
-    phases: tuple[Phase, ...]
-    target: str
-    draft: str
-    k: int | None = None
-    dtype: str = "auto"
-    device: str = "auto"
+class ScenarioSettings(ModelOptions):
+    """The model options of both servers and the trainer (k None: dynamic k), then the scenario's own."""
+
+    phases: tuple[Phase, ...] = ()
     concurrency: int = 1
     max_new_tokens: int = 64
     eval_prompts: int = 8
@@ -133,16 +132,7 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         stack.callback(redis.stop)
         data = work / "adaptive"
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
-        serve = ServeBenchSettings(
-            settings.target,
-            settings.draft,
-            None,
-            settings.k,
-            settings.dtype,
-            settings.device,
-            concurrency=(settings.concurrency,),
-            cli=settings.cli,
-        )
+        serve = ServeBenchSettings(**vars(settings.models), concurrency=(settings.concurrency,), cli=settings.cli)
         both = {  # the two servers' environment: all cores but the trainer's, one model name
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
             "ADAPTIVE_SPEC_SERVED_MODEL_NAME": SERVED_NAME,
@@ -304,42 +294,16 @@ def _heldout_of(phase: Phase, sets: dict[str, PromptSet]) -> list[tuple[PromptIt
 @contextmanager
 def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, str], log: Callable[[str], None]):
     """`adaptive-spec train` on the adaptive server's Redis and MLflow, until the scenario ends."""
-    log_path = data_dir / "trainer.log"
-    command = [
-        *settings.cli,
-        "train",
-        "--target",
-        settings.target,
-        "--draft",
-        settings.draft,
-        "--data-dir",
-        str(data_dir),
-        "--redis-url",
-        env_extra[REDIS_URL_ENV],
-        "--threads",
-        "1",
-        "--dtype",
-        settings.dtype,
-        "--device",
-        settings.device,
-        "--max-domains",
-        str(settings.max_domains),
-        *settings.trainer_args,
-    ]
-    log(f"starting the trainer (log: {log_path})")
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen(
-            command, env=child_env(env_extra), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    train = TrainerSettings(**vars(settings.models), data_dir=data_dir, threads=1, max_domains=settings.max_domains)
+    command = [*settings.cli, "train", *train.argv(), "--redis-url", env_extra[REDIS_URL_ENV], *settings.trainer_args]
+    trainer = Child(command, data_dir / "trainer.log", env=child_env(env_extra))
+    log(f"starting the trainer (log: {trainer.log_path})")
+    trainer.start()
     try:
-        deadline = time.monotonic() + TRAINER_START_TIMEOUT_S
-        while "online trainer" not in log_path.read_text(errors="replace"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the trainer did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
-        yield process
+        trainer.wait_until(lambda: "online trainer" in trainer.log(), TRAINER_START_TIMEOUT_S, "the trainer's start")
+        yield trainer
     finally:
-        stop_process(process, 120)  # a round under way finishes and checkpoints first
+        trainer.stop(120)  # a round under way finishes and checkpoints first
 
 
 # ---------------------------------------------------------------------------------------- clients

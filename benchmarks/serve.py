@@ -38,10 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,22 +50,21 @@ from pathlib import Path
 import httpx
 
 from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
+from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem
-from launch.processes import free_port
+from launch.processes import Child, free_port, http_ok
+from launch.processes import child_env as launch_child_env
 from service.metrics import PREFIX
 
 CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")
 SERVER_START_TIMEOUT_S = 600.0  # the first start converts the default model's GGUF file
 
 
-@dataclass
-class ServeBenchSettings:
-    target: str
-    draft: str
+@dataclass(frozen=True)
+class ServeBenchSettings(ModelOptions):
+    """The model options every server gets (k None: dynamic k), then the benchmark's own."""
+
     adapter: str | None = None  # an adapter directory to serve
-    k: int | None = None  # None: dynamic k
-    dtype: str = "auto"
-    device: str = "auto"
     max_new_tokens: int = 64
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
     duration_s: float = 60.0  # per configuration and level, over all rounds
@@ -202,8 +198,7 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A child process's environment: this one without Redis or MLflow (a benchmark's servers talk to
     none unless `extra` names them), plus `extra`."""
-    env = {key: value for key, value in os.environ.items() if key not in (REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV)}
-    return {**env, **(extra or {})}
+    return launch_child_env((REDIS_URL_ENV, MLFLOW_TRACKING_URI_ENV), **(extra or {}))
 
 
 @contextmanager
@@ -218,7 +213,6 @@ def served(
     `extra_env` is added last (a Redis, a registry, settings of its own)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = child_env()
     served_settings = {
         "MAX_BATCH": str(max_batch),
         "ADAPTER_POLL_S": "0",
@@ -226,66 +220,18 @@ def served(
         "REQUEST_TIMEOUT_S": "3600",
         **({"ADAPTER": str(settings.adapter)} if settings.adapter else {}),
     }
-    env.update({ENV_PREFIX + name: value for name, value in served_settings.items()})
-    env.update(extra_env or {})
-    command = [
-        *settings.cli,
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--target",
-        settings.target,
-        "--draft",
-        settings.draft,
-        "--dtype",
-        settings.dtype,
-        "--device",
-        settings.device,
-        "--data-dir",
-        str(data_dir),
-    ]
-    if settings.k is not None:
-        command += ["--k", str(settings.k)]
+    env = child_env({**{ENV_PREFIX + name: value for name, value in served_settings.items()}, **(extra_env or {})})
+    command = [*settings.cli, "serve", "--host", "127.0.0.1", "--port", str(port), *settings.models.argv()]
+    command += ["--data-dir", str(data_dir)]
     log_path = data_dir / "server.log"
     log(f"starting a server with --max-batch {max_batch} on port {port} (log: {log_path})")
-    with open(log_path, "wb") as server_log:
-        process = subprocess.Popen(
-            command, env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    server = Child(command, log_path, env=env).start()
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_up(url, process, log_path)
+        server.wait_until(lambda: http_ok(url + "/health"), SERVER_START_TIMEOUT_S, "/health", interval=0.5)
         yield url
     finally:
-        stop_process(process, 60)
-
-
-def stop_process(process: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM a child this benchmark started (by its pid), SIGKILL it after `timeout` seconds."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_until_up(url: str, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the server exited with code {process.returncode} while starting:\n{tail}")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s (log: {log_path})")
+        server.stop(60)
 
 
 # ---------------------------------------------------------------------------------------- clients

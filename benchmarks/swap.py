@@ -34,8 +34,8 @@ from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import WEIGHTS_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
-from trainer.head_distill import HeadSettings, HeadTrainer
-from trainer.head_model import TrainableHead
+from trainer.learning.head_distill import HeadSettings, HeadTrainer
+from trainer.learning.head_model import TrainableHead
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PAUSE_BAR_S = 0.050

@@ -21,6 +21,7 @@ from cli.options import (
     k_list,
     load_engine,
     model_options,
+    model_options_of,
     non_negative_int,
     positive_int,
     prompt_file,
@@ -232,14 +233,14 @@ def cmd_bench_drift(args) -> int:
 
 
 def _drift_inputs(args):
-    """(prompts, domain name, DriftSettings) of a bench-drift run, single or --compare-drafts."""
+    """(prompts, domain name, DriftBenchSettings) of a bench-drift run, single or --compare-drafts."""
     from adaptive_spec.prompts import load_prompts
-    from benchmarks.drift import DriftSettings
+    from benchmarks.drift import DriftBenchSettings
     from benchmarks.prompts import shipped
 
     items = load_prompts(args.prompts or shipped(args.domain))
     domain = args.prompts.stem if args.prompts else args.domain
-    settings = DriftSettings(
+    settings = DriftBenchSettings(
         budget_minutes=args.budget_minutes,
         eval_prompts=args.eval_prompts or 24,
         max_new_tokens=args.max_new_tokens,
@@ -296,12 +297,8 @@ def _bench_scenario(args) -> int:
     except (ValueError, PromptFileError) as exc:
         raise_input(str(exc))
     settings = ScenarioSettings(
-        tuple(phases),
-        args.target,
-        args.draft,
-        k=args.k,
-        dtype=args.dtype,
-        device=args.device,
+        **vars(model_options_of(args)),
+        phases=tuple(phases),
         concurrency=args.concurrency,
         max_new_tokens=args.max_new_tokens,
         eval_prompts=args.eval_prompts or 8,
@@ -353,12 +350,8 @@ def cmd_bench_serve(args) -> int:
         raise_input("--duration-s must be positive")
     adapter = resolve_adapter(args.adapter)
     settings = ServeBenchSettings(
-        target=args.target,
-        draft=args.draft,
+        **vars(model_options_of(args)),
         adapter=str(adapter) if adapter else None,
-        k=args.k,
-        dtype=args.dtype,
-        device=args.device,
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,
         duration_s=args.duration_s,

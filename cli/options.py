@@ -1,17 +1,21 @@
-"""What the `adaptive-spec` commands share: argument types, the model flags, engine loading, JSON
-figures, and a loopback Redis for the commands that need one."""
+"""What the `adaptive-spec` commands share: argument types, the model flags (their defaults are
+`ModelOptions`'), engine loading, JSON figures, the data directory, and a loopback Redis for the
+commands that need one."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, REDIS_URL_ENV
+from adaptive_spec.contracts import DATA_DIR_ENV
+from adaptive_spec.options import DTYPES, ModelOptions
 
-DTYPES = ["auto", "fp32", "bf16", "fp16"]
+MODELS = ModelOptions()  # the defaults of the model flags
 
 
 class CommandError(Exception):
@@ -80,19 +84,19 @@ def model_options(parser: argparse.ArgumentParser):
     group = parser.add_argument_group("models")
     group.add_argument(
         "--target",
-        default=DEFAULT_MODEL,
-        help=f"target model: the built-in {DEFAULT_MODEL!r}, a Hugging Face id or local directory, "
+        default=MODELS.target,
+        help=f"target model: the built-in {MODELS.target!r}, a Hugging Face id or local directory, "
         f"or a .gguf file (default: %(default)s)",
     )
     drafts = group.add_mutually_exclusive_group()
     drafts.add_argument(
         "--draft",
-        default=None,  # DEFAULT_DRAFT, filled in by `resolve_draft`: see there
+        default=None,  # MODELS.draft, filled in by `resolve_draft`: see there
         help="draft: early-exit:N (the target's first N layers), head (one layer reading the target's "
         "hidden state, EAGLE-style), ngram (prompt lookup), ngram+head or ngram+early-exit:N (prompt lookup "
-        f"first), or a model with the target's vocabulary (default: {DEFAULT_DRAFT})",
+        f"first), or a model with the target's vocabulary (default: {MODELS.draft})",
     )
-    parser.set_defaults(default_draft=DEFAULT_DRAFT)
+    parser.set_defaults(default_draft=MODELS.draft)
     group.add_argument(
         "--k",
         type=non_negative_int,
@@ -103,11 +107,11 @@ def model_options(parser: argparse.ArgumentParser):
     group.add_argument("--max-new-tokens", type=positive_int, default=64, help="default: %(default)s")
     group.add_argument(
         "--dtype",
-        default="auto",
+        default=MODELS.dtype,
         choices=DTYPES,
         help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)",
     )
-    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    group.add_argument("--device", default=MODELS.device, help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     return drafts
 
 
@@ -143,6 +147,11 @@ def resolve_adapter(adapter: str | None) -> Path | None:
         raise CommandError(f"--adapter {adapter}: {exc}") from None
 
 
+def model_options_of(args: argparse.Namespace) -> ModelOptions:
+    """The model options a command's flags give (--target, --draft, --k, --dtype, --device)."""
+    return ModelOptions(args.target, args.draft, args.k, args.dtype, args.device)
+
+
 def load_engine(args):
     from adaptive_spec.engine import Engine
 
@@ -167,24 +176,21 @@ def raise_input(message: str):
     raise InputError(message)
 
 
-class redis_url:
+def use_data_dir(path: Path | None) -> None:
+    """--data-dir, when given, for everything this process loads: the model cache (adaptive_spec/models.py
+    `data_dir`) reads ADAPTIVE_SPEC_DATA_DIR, and child processes inherit it. The one place a command
+    writes the environment."""
+    if path is not None:
+        os.environ[DATA_DIR_ENV] = str(path)
+
+
+@contextlib.contextmanager
+def redis_url(workdir: Path) -> Iterator[str]:
     """REDIS_URL when set; else a loopback redis-server started here and stopped on exit."""
+    from launch.redis import RedisStartError, loopback_redis
 
-    def __init__(self, workdir: Path):
-        self.workdir, self.server = workdir, None
-
-    def __enter__(self) -> str:
-        if os.environ.get(REDIS_URL_ENV):
-            return os.environ[REDIS_URL_ENV]
-        from launch.redis import RedisStartError, started_server
-
-        try:
-            self.server = started_server(self.workdir)
-        except RedisStartError as exc:
-            raise CommandError(str(exc)) from None
-        print(f"started redis-server on {self.server.url} (pid {self.server.process.pid})", file=sys.stderr)
-        return self.server.url
-
-    def __exit__(self, *exc) -> None:
-        if self.server is not None:
-            self.server.stop()
+    try:
+        with loopback_redis(workdir, log=lambda line: print(line, file=sys.stderr)) as url:
+            yield url
+    except RedisStartError as exc:
+        raise CommandError(str(exc)) from None

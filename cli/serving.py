@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
-from adaptive_spec.contracts import DATA_DIR_ENV
-from cli.options import DTYPES, CommandError, non_negative_int, positive_int
+from cli.options import DTYPES, CommandError, non_negative_int, positive_int, use_data_dir
+from service.settings import Settings
+
+DEFAULTS = Settings()
 
 
 def add_commands(commands) -> None:
@@ -47,8 +48,8 @@ def add_commands(commands) -> None:
 
 def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None:
     """The flags `up` and `serve` share; unset ones fall back to ADAPTIVE_SPEC_* (service/settings.py)."""
-    parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1, loopback only)")
-    parser.add_argument("--port", type=int, default=None, help="default: 8000")
+    parser.add_argument("--host", default=None, help=f"bind address (default: {DEFAULTS.host}, loopback only)")
+    parser.add_argument("--port", type=int, default=None, help=f"default: {DEFAULTS.port}")
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
     models = parser.add_argument_group(
         "models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
@@ -64,51 +65,39 @@ def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None
         type=positive_int,
         default=None,
         help="sequences decoded together, one step at a time (continuous batching); 1 decodes one "
-        "request at a time (default: $ADAPTIVE_SPEC_MAX_BATCH or 8)",
+        f"request at a time (default: $ADAPTIVE_SPEC_MAX_BATCH or {DEFAULTS.max_batch})",
     )
 
 
-def cmd_up(args) -> int:
-    from adaptive_spec.models import data_dir
-    from cli.up import UpSettings, run_up
-    from launch.redis import RedisStartError
-
-    logging.getLogger("service").setLevel(logging.INFO)
-    settings = UpSettings(
+def serving_settings(args) -> Settings:
+    """The server's settings: the flags given, over ADAPTIVE_SPEC_* and the defaults (service/settings.py)."""
+    use_data_dir(args.data_dir)  # the model cache follows it
+    return Settings.from_env(
         host=args.host,
         port=args.port,
-        data_dir=args.data_dir or data_dir(),
+        data_dir=args.data_dir,
         target=args.target,
         draft=args.draft,
         k=args.k,
         dtype=args.dtype,
         device=args.device,
         max_batch=args.max_batch,
-        trainer=not args.no_trainer,
     )
+
+
+def cmd_up(args) -> int:
+    from cli.up import run_up
+    from launch.redis import RedisStartError
+
+    logging.getLogger("service").setLevel(logging.INFO)
     try:
-        return run_up(settings)
+        return run_up(serving_settings(args), trainer=not args.no_trainer)
     except RedisStartError as exc:
         raise CommandError(str(exc)) from None
 
 
 def cmd_serve(args) -> int:
     from service.server import run
-    from service.settings import Settings
 
-    if args.data_dir:
-        os.environ[DATA_DIR_ENV] = str(args.data_dir)  # the model cache follows it
-    run(
-        Settings.from_env(
-            host=args.host,
-            port=args.port,
-            data_dir=args.data_dir,
-            target=args.target,
-            draft=args.draft,
-            k=args.k,
-            dtype=args.dtype,
-            device=args.device,
-            max_batch=args.max_batch,
-        )
-    )
+    run(serving_settings(args))
     return 0

@@ -21,27 +21,20 @@ reaches only this process, which stops them in that order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from adaptive_spec.contracts import (
-    DATA_DIR_ENV,
-    DEFAULT_DATA_DIR,
-    MLFLOW_TRACKING_URI_ENV,
-    REDIS_URL_ENV,
-    redact_url,
-    sqlite_tracking_uri,
-)
+from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url, sqlite_tracking_uri
+from cli.options import use_data_dir
+from launch.processes import Child, child_env, http_ok
 from launch.redis import started_server
 from service.settings import Settings
+from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,64 +43,40 @@ MAX_TRAINER_RESTARTS = 5
 RESTART_PAUSE_S = 10.0
 
 
-@dataclass(frozen=True)
-class UpSettings:
-    host: str | None = None  # None: ADAPTIVE_SPEC_HOST, else 127.0.0.1
-    port: int | None = None  # None: ADAPTIVE_SPEC_PORT, else 8000
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
-    target: str | None = None  # None: ADAPTIVE_SPEC_TARGET, else the built-in default
-    draft: str | None = None
-    k: int | None = None
-    dtype: str | None = None
-    device: str | None = None
-    max_batch: int | None = None  # None: ADAPTIVE_SPEC_MAX_BATCH, else 8
-    trainer: bool = True
-    trainer_threads: int = 1  # the server decodes on the other cores
-
-
-def run_up(up: UpSettings) -> int:
-    """Start everything, serve until a signal, stop everything. Returns the exit code."""
-    data_dir = up.data_dir.resolve()
+def run_up(settings: Settings, *, trainer: bool = True, trainer_threads: int = 1) -> int:
+    """Start everything, serve `settings` until a signal, stop everything. Returns the exit code.
+    `trainer_threads`: the trainer child's torch threads (the server decodes on the other cores)."""
+    data_dir = Path(settings.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    os.environ[DATA_DIR_ENV] = str(data_dir)  # the model cache and the children follow it
+    use_data_dir(data_dir)  # the model cache and the children follow it
     # A signal while the children are started or stopped must not end this process half way: the
     # server (service/server.py) stops on it; the rest is `finally`'s work.
     previous = {sig: signal.signal(sig, _noted) for sig in (signal.SIGINT, signal.SIGTERM)}
-    redis_server = trainer = None
+    redis_server = child = None
     try:
-        redis_url = os.environ.get(REDIS_URL_ENV)
+        redis_url = settings.redis_url
         if not redis_url:
             (data_dir / "redis").mkdir(exist_ok=True)
             redis_server = started_server(data_dir / "redis", persist=True)
             redis_url = redis_server.url
             _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
-        tracking_uri = os.environ.get(MLFLOW_TRACKING_URI_ENV) or sqlite_tracking_uri(data_dir)
-        settings = Settings.from_env(
-            host=up.host,
-            port=up.port,
-            data_dir=data_dir,
-            target=up.target,
-            draft=up.draft,
-            k=up.k,
-            dtype=up.dtype,
-            device=up.device,
-            max_batch=up.max_batch,
-            redis_url=redis_url,
-            mlflow_tracking_uri=tracking_uri,
+        tracking_uri = settings.mlflow_tracking_uri or sqlite_tracking_uri(data_dir)
+        settings = dataclasses.replace(
+            settings, data_dir=data_dir, redis_url=redis_url, mlflow_tracking_uri=tracking_uri
         )
-        trainer = _Trainer(settings, up.trainer_threads, data_dir / "logs" / "trainer.log") if up.trainer else None
+        child = _Trainer(settings, trainer_threads, data_dir / "logs" / "trainer.log") if trainer else None
         if _signalled.is_set():  # stopped while Redis was starting
             return 0
         from service.server import run
 
-        threading.Thread(target=_when_ready, args=(settings, trainer, tracking_uri), daemon=True).start()
+        threading.Thread(target=_when_ready, args=(settings, child, tracking_uri), daemon=True).start()
         run(settings)  # returns after a graceful shutdown on SIGINT / SIGTERM
         return 0
     except SystemExit as exc:  # uvicorn exits when it cannot bind the port
         return exc.code if isinstance(exc.code, int) else 1
     finally:
-        if trainer is not None:
-            trainer.stop()
+        if child is not None:
+            child.stop()
         if redis_server is not None:
             redis_server.stop()
             _say("stopped redis-server")
@@ -126,13 +95,7 @@ def _noted(signum, frame) -> None:
 def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str) -> None:
     """Wait for /health, print where everything is, then start the trainer."""
     base = f"http://{_client_host(settings.host)}:{settings.port}"
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
+    while not http_ok(base + "/health"):
         time.sleep(0.5)
     if trainer is not None:
         trainer.start()
@@ -150,35 +113,17 @@ def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str)
 
 
 class _Trainer:
-    """The `adaptive-spec train` child: started, watched and restarted, stopped by its pid."""
+    """The `adaptive-spec train` child (launch/processes.py): started, watched and restarted, stopped by its pid."""
 
     def __init__(self, settings: Settings, threads: int, log_path: Path) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "cli",
-            "train",
-            "--target",
-            settings.target,
-            "--draft",
-            settings.draft,
-            "--data-dir",
-            str(settings.data_dir),
-            "--dtype",
-            settings.dtype,
-            "--device",
-            settings.device,
-            "--threads",
-            str(threads),
-        ]
-        self.env = {
-            **os.environ,
+        train = TrainerSettings(**vars(settings.models), data_dir=settings.data_dir, threads=threads)
+        env = {
             REDIS_URL_ENV: settings.redis_url or "",
             MLFLOW_TRACKING_URI_ENV: settings.mlflow_tracking_uri or "",
             "OMP_NUM_THREADS": str(threads),
         }
+        self.child = Child([sys.executable, "-m", "cli", "train", *train.argv()], log_path, env=child_env(**env))
         self.log_path = log_path
-        self.process: subprocess.Popen | None = None
         self.restarts = 0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -188,24 +133,15 @@ class _Trainer:
         threading.Thread(target=self._watch, name="trainer-watch", daemon=True).start()
 
     def _spawn(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._stopping.is_set():
                 return
-            with open(self.log_path, "ab") as out:
-                self.process = subprocess.Popen(
-                    self.command,
-                    env=self.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        _say(f"started the trainer (pid {self.process.pid}); log in {self.log_path}")
+            self.child.start()
+        _say(f"started the trainer (pid {self.child.pid}); log in {self.log_path}")
 
     def _watch(self) -> None:
         while not self._stopping.is_set():
-            code = self.process.wait()
+            code = self.child.wait()
             if self._stopping.is_set():
                 return
             if self.restarts >= MAX_TRAINER_RESTARTS:
@@ -226,17 +162,11 @@ class _Trainer:
     def stop(self) -> None:
         with self._lock:
             self._stopping.set()
-            process = self.process
-        if process is None or process.poll() is not None:
+        if not self.child.running:
             return
         _say(f"stopping the trainer (it finishes its round and checkpoints; up to {TRAINER_STOP_S:.0f} s)")
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(TRAINER_STOP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        _say(f"stopped the trainer (exit {process.returncode})")
+        code = self.child.stop(TRAINER_STOP_S)
+        _say(f"stopped the trainer (exit {code})")
 
 
 def _client_host(host: str) -> str:

@@ -46,7 +46,7 @@ is known about the version before it, and a second plain rollback must not bring
 rolled away from. `rollback(to=V)` and `promote(V)` go anywhere and set `previous` to the old champion.
 
 The trainer's promotions reach `register` through a queue that outlives MLflow outages
-(trainer/pending.py); the trainer reads the champion back through trainer/champion.py.
+(trainer/promotion/pending.py); the trainer reads the champion back through trainer/promotion/champion.py.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class StatsQueries:
         return merged
 
     def trainer_status(self) -> dict | None:
-        """The trainer's last word (trainer/rounds.py): what it did last or waits for; None if none is kept."""
+        """The trainer's last word (trainer/loop/rounds.py): what it did last or waits for; None if none is kept."""
         raw = self.redis.get(TRAINER_STATUS_KEY)
         return json.loads(raw) if raw else None
 

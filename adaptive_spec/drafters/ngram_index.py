@@ -23,7 +23,7 @@ a shorter n-gram's longer one).
 The bound: at most `max_entries` n-grams (4,096 by default: 11 ids an entry at most, about 300 KB of
 JSON), those whose first token was right most often; ties go to the n-gram seen in the most recent
 output. The caller bounds the outputs, and with them the build: the trainer takes its lineage's
-latest 32,768 output tokens (trainer/online.py), at most 98,304 n-gram occurrences of 8 tokens.
+latest 32,768 output tokens (trainer/loop/online.py), at most 98,304 n-gram occurrences of 8 tokens.
 
 The n-grams may begin in the prompt (its last tokens, then the output's first) but the continuations
 are output tokens only: a prompt's own tokens are proposed by prompt lookup.

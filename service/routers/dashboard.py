@@ -119,7 +119,7 @@ def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
         "replica": stats.replica,
         "served_version": served,
         "champion": stats.adapter_info(served) if served is not None else None,
-        "trainer": stats.trainer_status(),  # what the trainer did last or waits for (trainer/rounds.py)
+        "trainer": stats.trainer_status(),  # what the trainer did last or waits for (trainer/loop/rounds.py)
         "drift": {
             **drift.as_dict(),
             "window_s": settings.window_s,

@@ -157,7 +157,7 @@ INDEX = {(17, 33): [8, 5, 17], (5,): [17, 33]}  # n-gram -> continuation (adapti
 
 
 def sealed_with_index(target, path: Path, index=INDEX) -> AdapterDir:
-    """A version as the trainer writes it (trainer/versions.py): the adapter, its n-gram index, then the seal."""
+    """A version as the trainer writes it (trainer/promotion/versions.py): the adapter, its n-gram index, then the seal."""
     make_adapter(target, 2, path, seed=8)
     version = AdapterDir(path)
     version.write_ngrams(index)

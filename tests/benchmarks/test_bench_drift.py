@@ -7,7 +7,7 @@ from tiny import llama
 
 from adaptive_spec import Engine
 from adaptive_spec.prompts import PromptItem
-from benchmarks.drift import DriftSettings, format_report, run_drift
+from benchmarks.drift import DriftBenchSettings, format_report, run_drift
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -18,7 +18,7 @@ def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatc
     engine = Engine(llama(0, vocab=64), draft, eos_token_id=[], record_topk=8)
     rng = np.random.default_rng(0)
     items = [PromptItem(rng.integers(0, 16, 8).tolist()) for _ in range(40)]
-    settings = DriftSettings(
+    settings = DriftBenchSettings(
         budget_minutes=0.75, eval_prompts=6, max_new_tokens=12, train_tail_s=5, gate_min_positions=50, after_k=(2,)
     )
     figures = run_drift(engine, items, "tiny", settings, redis_url, tmp_path, progress=False)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from adaptive_spec.record import CorrectionRecord
-from benchmarks.intake import IntakeBenchSettings, main, synthetic_record
+from benchmarks.intake import IntakeBenchSettings, main
+from benchmarks.synthetic import synthetic_record
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

@@ -31,9 +31,9 @@ def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_d
     a, b = prompt_file(tmp_path / "alpha.jsonl", "abc"), prompt_file(tmp_path / "beta.jsonl", "xyz")
     phases = parse_scenario(f"{a}:8,{b}:6,{a}:6,mix:5")
     settings = ScenarioSettings(
-        tuple(phases),
-        str(tiny_model_dir),
-        "early-exit:1",
+        phases=tuple(phases),
+        target=str(tiny_model_dir),
+        draft="early-exit:1",
         k=2,  # a fixed k: the untrained tiny draft drafts every step, so every window has an acceptance
         dtype="fp32",
         device="cpu",

@@ -40,7 +40,7 @@ import cli
 from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME, SHA_TAG
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
-from trainer.pending import PendingRegistrations
+from trainer.promotion.pending import PendingRegistrations
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -290,7 +290,7 @@ def test_cli_domain_round_trip(sqlite_dir, adapters, sql_adapter, capsys, monkey
 
 
 def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, adapters, monkeypatch, tmp_path):
-    """The queue checks the champion after the upload, right before the alias moves (trainer/pending.py): a
+    """The queue checks the champion after the upload, right before the alias moves (trainer/promotion/pending.py): a
     rollback that lands while version 3's files upload (a second or more on an MLflow server) is not overwritten
     by version 3, which was trained from the version rolled away from. Seen in tests/reliability/test_fleet.py."""
     registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir))
@@ -312,7 +312,7 @@ def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, ada
 
 
 def test_a_queued_domain_adapter_moves_its_domains_aliases(sqlite_dir, adapters, sql_adapter, tmp_path):
-    """The trainer's promotions of a domain's adapter go through the queue too (trainer/pending.py): they move
+    """The trainer's promotions of a domain's adapter go through the queue too (trainer/promotion/pending.py): they move
     champion-sql, never champion; the first is checked against the general adapter it was trained from."""
     registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir))
     registry.register(adapters[0], by="trainer:test")  # champion 1

@@ -31,7 +31,7 @@ server saw them. Requests to the survivor must never fail, nor any request to a 
 consumer name, as a second copy on one host gets): one holds the lease and promotes, the other logs that
 it is a standby and promotes nothing; the leader SIGKILLed, the standby takes over within the lease's
 10 s (at once here: the holder is a dead process of this host), reads what the leader had not
-acknowledged, and promotes on the new traffic, a second domain's (trainer/leader.py).
+acknowledged, and promotes on the new traffic, a second domain's (trainer/process/leader.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from registry_support import MlflowServer, write_adapter
 from support import BackgroundLoad, eventually, tiny_target
 
 from registry.client import AdapterRegistry
-from trainer.pending import PendingRegistrations
+from trainer.promotion.pending import PendingRegistrations
 
 pytestmark = pytest.mark.redis
 

@@ -22,7 +22,7 @@ from traffic import feed
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
 from adaptive_spec.record import CorrectionRecord
-from trainer.checkpoint import LATEST, read_records
+from trainer.loop.checkpoint import LATEST, read_records
 
 pytestmark = pytest.mark.redis
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.distill import TrainingExample, examples_from_record
+from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
+from trainer.intake.examples import TrainingExample, examples_from_record
 
 # blake2b of "req-0".."req-59" below 0.1 * 2**64: computed once, frozen so any change of hash shows.
 HELD_OUT_OF_FIRST_60 = ["req-1", "req-6", "req-21", "req-26", "req-31", "req-43", "req-45", "req-53", "req-55"]

@@ -1,4 +1,4 @@
-"""The statistical gate (trainer/decision.py): a worse or equal candidate is never promoted, a clearly
+"""The statistical gate (trainer/evaluation/decision.py): a worse or equal candidate is never promoted, a clearly
 better one is promoted early, and it says what it waits for.
 
 Run: .venv/bin/python -m pytest tests/trainer/test_decision.py -q   (no model, a few seconds)
@@ -8,7 +8,7 @@ chance to match the target, Beta(2, 5), mean 0.29). A candidate redraws 30% of t
 same chance (an equal candidate that still disagrees with the champion) and, for a true gain g,
 turns misses into hits (or hits into misses) on the others until its expected gain is g. The
 trainer looks after every round, and a lineage's first round also at every held-out record that
-arrives while it trains (trainer/online.py `_FirstLook`), so every run looks after 4, 5, ..., 40
+arrives while it trains (trainer/loop/online.py `_FirstLook`), so every run looks after 4, 5, ..., 40
 held-out records and stops at the first promotion, as the trainer would.
 """
 
@@ -20,15 +20,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trainer.decision import (
-    RecordScores,
-    StatisticalGate,
-    Thresholds,
-    decide,
-    paired_gain,
-    student_t_cdf,
-)
-from trainer.gate import GateFigures
+from trainer.evaluation.decision import RecordScores, StatisticalGate, Thresholds, decide, paired_gain, student_t_cdf
+from trainer.evaluation.gate import GateFigures
 
 LOOKS = range(4, 41)
 SEEDS = range(300)

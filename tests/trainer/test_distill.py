@@ -6,7 +6,7 @@ What must hold:
 
 - a record becomes a teacher-forced example whose positions line up with what the live engine
   drafted and what the target logged, and long records lose prompt tokens first;
-- the loss is the forward KL of the worked example in trainer/distill.py, renormalised over the top-m;
+- the loss is the forward KL of the worked example in trainer/learning/distill.py, renormalised over the top-m;
 - training on the train split raises the held-out greedy match and expected acceptance well above
   the base draft, while the same trainer at lr = 0 leaves both exactly at the base figures;
 - the target's weights stay bit for bit the same: only LoRA weights on the draft's private layers train;
@@ -32,16 +32,10 @@ from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
-from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.distill import (
-    DraftTrainer,
-    LoraSettings,
-    collate,
-    draft_logits,
-    examples_from_record,
-    position_losses,
-)
-from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
+from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement, draft_logits
+from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
+from trainer.intake.examples import collate, examples_from_record
+from trainer.learning.distill import DraftTrainer, LoraSettings, position_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Per-domain lineages in the online trainer (trainer/domains.py), end to end on a real redis-server.
+"""Per-domain lineages in the online trainer (trainer/loop/domains.py), end to end on a real redis-server.
 
 Run: .venv/bin/python -m pytest tests/trainer/test_domains.py -q   (CPU, one thread, about 20 s)
 
@@ -27,11 +27,11 @@ from traffic import greedy_records
 
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
-from trainer.decision import StatisticalGate, Thresholds
-from trainer.distill import LoraSettings
-from trainer.gate import adapters_disabled, draft_agreement
-from trainer.online import OnlineSettings, OnlineTrainer
-from trainer.stream import CorrectionStream
+from trainer.evaluation.decision import StatisticalGate, Thresholds
+from trainer.evaluation.gate import adapters_disabled, draft_agreement
+from trainer.intake.stream import CorrectionStream
+from trainer.learning.distill import LoraSettings
+from trainer.loop.online import OnlineSettings, OnlineTrainer
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

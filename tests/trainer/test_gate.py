@@ -27,8 +27,8 @@ from tiny import llama
 
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
-from trainer.distill import DraftTrainer, LoraSettings
-from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
+from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement
+from trainer.learning.distill import DraftTrainer, LoraSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Training a head draft (trainer/head_distill.py) on a tiny random Llama built in code, and serving
+"""Training a head draft (trainer/learning/head_distill.py) on a tiny random Llama built in code, and serving
 what it saves.
 
 Run: .venv/bin/python -m pytest tests/trainer/test_head_distill.py -q   (CPU, one thread, about 40 s)
@@ -36,11 +36,12 @@ from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.record import CorrectionRecord, record_from_output
-from trainer.buffer import HoldoutSplit
-from trainer.distill import examples_from_record, position_losses
-from trainer.gate import Gate, GateFigures, adapters_disabled, draft_agreement
-from trainer.head_distill import HeadSettings, HeadTrainer, softmax_columns
-from trainer.head_model import TrainableHead, head_batch, unrolled
+from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement
+from trainer.intake.buffer import HoldoutSplit
+from trainer.intake.examples import examples_from_record
+from trainer.learning.distill import position_losses
+from trainer.learning.head_distill import HeadSettings, HeadTrainer, softmax_columns
+from trainer.learning.head_model import TrainableHead, head_batch, unrolled
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

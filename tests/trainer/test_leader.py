@@ -17,7 +17,7 @@ import time
 import pytest
 
 from adaptive_spec.contracts import TRAINER_LEADER_KEY
-from trainer.leader import LeaseLost, TrainerLease, holder_id
+from trainer.process.leader import LeaseLost, TrainerLease, holder_id
 
 pytestmark = pytest.mark.redis
 
@@ -37,7 +37,7 @@ def test_one_leader_and_a_standby_that_says_so_and_takes_over_on_release(redis_c
     assert acquire_within(leader, 1)
     assert redis_client.get(TRAINER_LEADER_KEY) == b"a@h:1"
     assert 9000 < redis_client.pttl(TRAINER_LEADER_KEY) <= 10000
-    with caplog.at_level(logging.INFO, logger="trainer.leader"):
+    with caplog.at_level(logging.INFO, logger="trainer.process.leader"):
         assert not acquire_within(standby, 0.5)  # stopped while standby
     (line,) = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
     assert line.startswith(f"standby: b@h:2 waits for the lease {TRAINER_LEADER_KEY}, held by a@h:1 (expires in")

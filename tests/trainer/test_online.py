@@ -45,12 +45,12 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.ngram_index import MAX_ENTRIES
 from adaptive_spec.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
-from trainer.decision import StatisticalGate
-from trainer.distill import LoraSettings
-from trainer.gate import Gate, GateFigures, draft_agreement
-from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
-from trainer.stream import CorrectionStream
-from trainer.versions import AdapterVersion
+from trainer.evaluation.decision import StatisticalGate
+from trainer.evaluation.gate import Gate, GateFigures, draft_agreement
+from trainer.intake.stream import CorrectionStream
+from trainer.learning.distill import LoraSettings
+from trainer.loop.online import OnlineSettings, OnlineTrainer, RoundResult
+from trainer.promotion.versions import AdapterVersion
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -351,7 +351,8 @@ def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, rec
         round_steps=3,
         max_round_steps=9,
         read_count=64,
-XX    )  # fmt: skip  (trains, never promotes)
+        gate=Gate(min_positions=1, margin=1.0),  # trains, never promotes
+    )
     stop = threading.Event()
     worker = threading.Thread(target=trainer.run, args=(stop,), kwargs=dict(checkpoint_every_s=60, poll_block_ms=50))
     worker.start()

@@ -38,12 +38,12 @@ from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.record import CorrectionRecord
 from launch.processes import free_port
 from registry.client import AdapterRegistry
-from trainer.champion import RegistryChampion
-from trainer.distill import LoraSettings
-from trainer.gate import Gate, GateFigures, draft_agreement
-from trainer.online import OnlineSettings, OnlineTrainer, RoundResult
-from trainer.pending import PendingRegistrations
-from trainer.stream import CorrectionStream
+from trainer.evaluation.gate import Gate, GateFigures, draft_agreement
+from trainer.intake.stream import CorrectionStream
+from trainer.learning.distill import LoraSettings
+from trainer.loop.online import OnlineSettings, OnlineTrainer, RoundResult
+from trainer.promotion.champion import RegistryChampion
+from trainer.promotion.pending import PendingRegistrations
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -189,7 +189,7 @@ def test_trainer_adopts_a_rollback_and_its_next_candidate_must_beat_the_rolled_b
 
     registry.rollback(by="cli:alice@host")  # version 2 misbehaves in production
     assert registry.aliases() == {"champion": "1"}
-    with caplog.at_level(logging.INFO, logger="trainer.online"):
+    with caplog.at_level(logging.INFO, logger="trainer.loop.online"):
         rounds = train(trainer)
     assert rounds, "records left for rounds after the rollback"
     # The first round after the rollback is gated against what is served (1), not the trainer's own
@@ -223,7 +223,7 @@ def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_
     _, v1 = registered(registry, "1", setup.root)
     mlflow = MlflowClient(registry.tracking_uri)
     mlflow.set_registered_model_alias(registry.model_name, "champion", "1")  # the MLflow UI does this
-    with caplog.at_level(logging.INFO, logger="trainer.online"):
+    with caplog.at_level(logging.INFO, logger="trainer.loop.online"):
         assert trainer.sync_registry() is True
     assert f"champion moved in the registry from 2 to 1 by {OUTSIDE}; training from 1" in caplog.text
     assert trainer.champion_version == 1 and same(lora(trainer), v1)
@@ -283,7 +283,7 @@ def test_promotion_queued_through_an_outage_does_not_land_on_a_rollback(setup, c
     queue = setup.root / "data" / "registry-pending.json"
     offline_pending = PendingRegistrations(down, queue, by="trainer:test")
     offline = setup.trainer(pending=offline_pending, registry=down)
-    with caplog.at_level(logging.INFO, logger="trainer.online"):
+    with caplog.at_level(logging.INFO, logger="trainer.loop.online"):
         train(offline, until_promoted=3)  # training goes on while the registry is away
     assert offline.adapters_promoted == 3 and "registry unavailable" in caplog.text
     assert [Path(e["path"]).name for e in offline_pending.pending()] == ["v0003"]
@@ -300,7 +300,7 @@ def test_promotion_queued_through_an_outage_does_not_land_on_a_rollback(setup, c
     assert registry.aliases() == {"champion": "1"}  # the rollback stands
     assert "trained from the adapter with sha256" in registry.get("3").tags[NOT_PROMOTED_TAG]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="trainer.online"):
+    with caplog.at_level(logging.INFO, logger="trainer.loop.online"):
         assert restarted.sync_registry() is True
     assert "champion moved in the registry from 2 to 1 by admin-api:bob@10.0.0.1; training from 1" in caplog.text
     v1_dir, v1 = registered(registry, "1", setup.root)

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from trainer.stream import CorrectionStream
+from trainer.intake.stream import CorrectionStream
 
 pytestmark = pytest.mark.redis
 

@@ -14,7 +14,7 @@ import torch
 
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpec, DraftSpecError
-from trainer.head_model import TrainableHead
+from trainer.learning.head_model import TrainableHead
 
 TARGET_DRAFTS = ("early-exit", "head")  # draft kinds built from the target's own weights
 

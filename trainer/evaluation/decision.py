@@ -7,15 +7,15 @@
 
 Run its tests: `.venv/bin/python -m pytest tests/trainer/test_decision.py -q` (no model, a few seconds).
 
-A fixed floor on held-out positions (trainer/gate.py's `Gate`) waits as long for a candidate that
+A fixed floor on held-out positions (trainer/evaluation/gate.py's `Gate`) waits as long for a candidate that
 matches the target 0.30 of the time against a champion at 0.05 as for one at 0.06: the first
 needs a few hundred positions to be recognised, the second thousands. The decision here is a
 one-sided test over held-out *records* instead, so a large gain is promoted early and a small one
-waits for evidence. It is the online trainer's default gate (trainer/online.py `OnlineSettings`).
+waits for evidence. It is the online trainer's default gate (trainer/loop/online.py `OnlineSettings`).
 
 Both drafts are scored on the same records (paired). Per record i: n_i scored positions, c_i and
 h_i the positions where the candidate's and the champion's argmax is the target's top-1 (the
-greedy acceptance, trainer/gate.py). The gain is the ratio estimator
+greedy acceptance, trainer/evaluation/gate.py). The gain is the ratio estimator
 
     gain = sum(c_i - h_i) / sum(n_i)
 
@@ -44,7 +44,7 @@ the same check): at confidence 0.95 and margin 0.01 an equal candidate was promo
 runs, at 0.99 and 0.01 in 5, at 0.99 and 0.02 (the defaults) in none, nor a worse one (-0.03),
 while a gain of +0.2 was promoted in every run after 264 positions (median) and +0.1 after 433.
 A lineage's first round also looks at every held-out record that arrives while it trains
-(trainer/online.py `_FirstLook`). With a look at every record from 4 to 40, over 1,000 seeds, the
+(trainer/loop/online.py `_FirstLook`). With a look at every record from 4 to 40, over 1,000 seeds, the
 defaults promoted an equal candidate in 3 runs (0.3%), a worse one (-0.02, -0.05) in none, and a
 gain of +0.2 after 245 positions (median); the tests look at every record.
 """
@@ -55,6 +55,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from trainer.settings import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,10 @@ def paired_gain(candidate: RecordScores, champion: RecordScores) -> tuple[float,
 
 @dataclass(frozen=True)
 class Thresholds:
-    confidence: float = 0.99  # promote at this confidence that the gain exceeds the margin, or more
+    confidence: float = TrainerSettings.gate_confidence  # promote at this confidence that the gain exceeds the margin
     margin: float = 0.02  # in greedy match: the gain that is worth a swap
     min_records: int = 4  # held-out records before any decision: the t test needs a few
-    min_positions: int = 128  # and held-out positions
+    min_positions: int = TrainerSettings.gate_min_positions  # and held-out positions
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1:
@@ -190,7 +192,7 @@ def waiting_for(records: int, positions: int, thresholds: Thresholds) -> str | N
 @dataclass(frozen=True)
 class StatisticalGate:
     """The online trainer's gate (OnlineSettings.gate): `decide(candidate, champion)` on figures that carry
-    their per-record scores (`.records`, trainer/champion.py `agreement`); the `Gate` of trainer/gate.py
+    their per-record scores (`.records`, trainer/promotion/champion.py `agreement`); the `Gate` of trainer/evaluation/gate.py
     with its fixed floor of positions replaced by `decide` above.
 
     `min_positions` and `margin` are read by the trainer (when to try a round, what to record with a

@@ -1,7 +1,7 @@
 """`adaptive-spec train`: the online trainer alone, as a long-lived process (`adaptive-spec up` runs it as
 a child).
 
-    REDIS_URL=redis://127.0.0.1:6379/0 adaptive-spec train                 # defaults: the built-in model, early-exit:4
+    REDIS_URL=redis://127.0.0.1:6379/0 adaptive-spec train                 # defaults: the built-in model, the head draft
     adaptive-spec train --redis-url redis://127.0.0.1:6379/0 --data-dir ./.adaptive-spec --threads 1
     # small CPU variant (a local tiny model directory, promotes after a few dozen records):
     adaptive-spec train --target ./tiny --draft early-exit:1 --gate-min-positions 200 --min-new-records 8
@@ -18,7 +18,7 @@ moved, adopts that version (downloaded, checksum verified) as the adapter it tra
 against, so it never promotes over a rollback without beating the rolled-back-to version.
 
 One trainer per stream: a second `adaptive-spec train` on the same Redis waits as a standby, and says
-so in its log, until the leader's lease in Redis expires or is released (trainer/leader.py).
+so in its log, until the leader's lease in Redis expires or is released (trainer/process/leader.py).
 
 SIGTERM or SIGINT: the round under way finishes, a last checkpoint is written, the registration queue
 gets one more try, and the process exits 0. MLflow down: training goes on; promoted adapters wait in
@@ -32,10 +32,10 @@ import logging
 import signal
 import socket
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from adaptive_spec.contracts import ADAPTERS_DIR, CHECKPOINT_DIR, PENDING_FILE, redact_url
+from adaptive_spec.contracts import PENDING_FILE, redact_url
+from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,44 +45,18 @@ class TrainerSetupError(ValueError):
     (another trainer took its lease)."""
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    target: str
-    draft: str
-    data_dir: Path
-    redis_url: str | None
-    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else <data_dir>/mlflow.db
-    consumer: str | None = None  # stable across restarts: None = "trainer-<hostname>"
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None  # torch threads; None keeps torch's default
-    budget_s: float | None = None  # stop after this much wall time; None = until a signal
-    checkpoint_every_s: float = 30.0
-    min_new_records: int = 16
-    round_steps: int = 20
-    max_round_steps: int = 100  # on slow traffic a round keeps training up to this many steps (OnlineSettings)
-    gate_min_positions: int = 128  # held-out positions before the first decision (trainer/decision.py)
-    gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
-    max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
-    retry_s: float = 10.0  # between registration attempts while MLflow is down
-    lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
-
-
-def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) -> dict:
+def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) -> dict:
     """Load the models, train until `stop` (or SIGTERM/SIGINT in the main thread); returns the counters."""
     import redis
     import torch
 
     from adaptive_spec.drafters.spec import parse_draft_spec
-    from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from registry.client import AdapterRegistry
-    from trainer.champion import RegistryChampion
-    from trainer.decision import StatisticalGate, Thresholds
-    from trainer.drafts import TARGET_DRAFTS, trainable_draft
-    from trainer.leader import TrainerLease, holder_id
-    from trainer.online import OnlineSettings, OnlineTrainer
-    from trainer.pending import PendingRegistrations
-    from trainer.stream import CorrectionStream
+    from trainer.intake.stream import CorrectionStream
+    from trainer.process.build import build_trainer, load_draft
+    from trainer.process.leader import TrainerLease, holder_id
+    from trainer.promotion.champion import RegistryChampion
+    from trainer.promotion.pending import PendingRegistrations
 
     if not settings.redis_url:
         raise TrainerSetupError(
@@ -96,18 +70,10 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise TrainerSetupError(f"cannot reach Redis at {redact_url(settings.redis_url)}: {exc}") from None
-
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
     spec = parse_draft_spec(settings.draft)
     if not spec.trainable:
         raise TrainerSetupError(f"the {spec} draft has no weights to train; use early-exit:N, head or a draft model")
-    if spec.kind in TARGET_DRAFTS:  # the target lends its layers (and, to a head, its hidden states)
-        log.info("loading %s for the draft %s on %s in %s", settings.target, spec, device, dtype)
-        draft_model = trainable_draft(spec, load_model(settings.target, device, dtype)[0])
-    else:
-        log.info("loading the draft %s on %s in %s", spec, device, dtype)
-        draft_model = load_model(spec.source, device, dtype)[0]
+    draft_model, _ = load_draft(settings)
 
     data_dir = Path(settings.data_dir)
     consumer = settings.consumer or f"trainer-{socket.gethostname()}"
@@ -125,23 +91,10 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
     ).start()
     stream = CorrectionStream(client, consumer=consumer)
-    online = OnlineSettings(
-        data_dir / ADAPTERS_DIR,
-        checkpoint_dir=data_dir / CHECKPOINT_DIR,
-        target_id=settings.target,
-        draft_id=settings.draft,
-        gate=StatisticalGate(
-            Thresholds(confidence=settings.gate_confidence, min_positions=settings.gate_min_positions)
-        ),
-        min_new_records=settings.min_new_records,
-        round_steps=settings.round_steps,
-        max_round_steps=settings.max_round_steps,
-        max_domains=settings.max_domains,
-    )
-    trainer = OnlineTrainer(
+    trainer = build_trainer(
+        settings,
         draft_model,
         stream,
-        online,
         on_promote=lease.fenced(pending.submit),
         champion_source=RegistryChampion(registry, pending),
     )

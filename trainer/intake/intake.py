@@ -1,7 +1,7 @@
 """Stream intake: correction records from the consumer group into the held-out set or the replay buffer,
 each entry acknowledged only once what it contributed is safe.
 
-    intake = StreamIntake(CorrectionStream(redis_url, consumer="trainer-1"), lineages,   # trainer/domains.py
+    intake = StreamIntake(CorrectionStream(redis_url, consumer="trainer-1"), lineages,   # trainer/loop/domains.py
                           max_seq_len=1024, ack_at_once=False)
     intake.poll(block_ms=1000)        # -> how many records came
     ...write a checkpoint that holds intake.holdout and intake.encoded_buffer()...
@@ -34,21 +34,34 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 
 from adaptive_spec.record import CorrectionRecord
-from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.distill import examples_from_record
-from trainer.stream import CorrectionStream
-
-if TYPE_CHECKING:
-    from trainer.domains import DomainLineages
+from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
+from trainer.intake.examples import examples_from_record
+from trainer.intake.stream import CorrectionStream
 
 log = logging.getLogger(__name__)
 
 UNTAGGED = "untagged"  # the domain_mix key of records without a domain
+
+
+class Split(Protocol):
+    """One lineage's share of the records (trainer/loop/domains.py `Lineage`)."""
+
+    holdout: HoldoutSplit
+    buffer: ReplayBuffer
+    new_records: int
+
+
+class Lineages(Protocol):
+    """Where a record goes (trainer/loop/domains.py `DomainLineages`): the general split, or its domain's."""
+
+    general: Split
+
+    def route(self, record: CorrectionRecord) -> Split | None: ...
 
 
 class StreamIntake:
@@ -57,7 +70,7 @@ class StreamIntake:
     def __init__(
         self,
         stream: CorrectionStream,
-        lineages: DomainLineages,
+        lineages: Lineages,
         max_seq_len: int,
         *,
         ack_at_once: bool,
@@ -99,7 +112,7 @@ class StreamIntake:
     def keep(self, record: CorrectionRecord) -> None:
         """Held out, or into the replay buffer as a training example; duplicates are dropped.
 
-        A record whose domain has a lineage (trainer/domains.py) is held out or not by its domain's
+        A record whose domain has a lineage (trainer/loop/domains.py) is held out or not by its domain's
         split, and a held-out one is held out of the general set too; one for training goes into both
         buffers and counts as new for its domain's rounds only."""
         lineage = self.lineages.route(record)  # None: the general adapter's alone

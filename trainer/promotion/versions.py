@@ -26,7 +26,7 @@ from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, trainer_versions
 from adaptive_spec.contracts import SHA_TAG, version_dir_name
-from trainer.gate import GateFigures
+from trainer.evaluation.gate import GateFigures
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Distil the target into a head draft (adaptive_spec/drafters/head.py): LoRA on the head's decoder
 layer, its fuse trained whole, from the same correction records as an early-exit adapter.
 
-    from trainer.head_distill import HeadSettings, HeadTrainer
-    from trainer.head_model import TrainableHead
+    from trainer.learning.head_distill import HeadSettings, HeadTrainer
+    from trainer.learning.head_model import TrainableHead
 
     trainer = HeadTrainer(TrainableHead(target), HeadSettings(), target_id="smollm2-135m-instruct",
                           draft_id="head", init_adapter=None)      # or the champion's version directory
@@ -10,7 +10,7 @@ layer, its fuse trained whole, from the same correction records as an early-exit
     trainer.save("adapters/candidate")     # a PEFT directory on DraftHead: LoRA on layer.*, fuse saved whole
     engine.load_adapter("adapters/candidate", "3")                   # an Engine whose draft is "head"
 
-`OnlineTrainer` (trainer/online.py) takes a `TrainableHead` where it takes an early-exit draft and
+`OnlineTrainer` (trainer/loop/online.py) takes a `TrainableHead` where it takes an early-exit draft and
 builds this trainer for it; the gate, the version directories, the registry and the servers' checks
 then treat a head version as any adapter version.
 
@@ -80,15 +80,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from adaptive_spec.adapters import AdapterDir
-from trainer.distill import (
-    METADATA_FORMAT,
-    LoraSettings,
-    TrainedWeights,
-    TrainingExample,
-    micro_batches,
-    position_losses,
-)
-from trainer.head_model import HeadBatch, TargetStates, TrainableHead, head_batch, unrolled
+from trainer.intake.examples import TrainingExample, micro_batches
+from trainer.learning.distill import METADATA_FORMAT, LoraSettings, TrainedWeights, position_losses
+from trainer.learning.head_model import HeadBatch, TargetStates, TrainableHead, head_batch, unrolled
 
 SOFTMAX_OVER = ("batch", "vocab")
 

@@ -36,8 +36,28 @@ from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from adaptive_spec.record import CorrectionRecord
-from trainer.decision import RecordScores
-from trainer.distill import TrainingExample, causal_lm, collate, draft_logits, examples_from_record, micro_batches
+from trainer.evaluation.decision import RecordScores
+from trainer.intake.examples import Batch, TrainingExample, collate, examples_from_record, micro_batches
+
+
+def causal_lm(model):
+    """The transformers causal LM inside a PeftModel, or the model itself."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def draft_logits(model, batch: Batch) -> torch.Tensor:
+    """The draft's logits at the batch's positions only: [positions, vocab], float32.
+
+    The LM head runs on the kept positions alone (for a 49k vocabulary that is most of the cost
+    saved). This assumes logits = lm_head(final hidden state), true of the Llama family that
+    early exit supports (Llama, Mistral, Qwen, SmolLM).
+    """
+    lm = causal_lm(model)
+    hidden = lm.get_decoder()(
+        input_ids=batch.input_ids.to(lm.device), attention_mask=batch.attention_mask.to(lm.device), use_cache=False
+    ).last_hidden_state  # [batch, seq, hidden]
+    picked = hidden[batch.rows.to(lm.device), batch.cols.to(lm.device)]  # [positions, hidden]
+    return lm.get_output_embeddings()(picked).float()  # [positions, vocab]
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,7 @@ class GateFigures:
     expected_acceptance: float  # mean sum_i min(q(i), p_t(i)) over the top-m: a lower bound
     greedy_match: float  # fraction of positions where the draft's argmax is the target's top-1
     positions: int  # output positions scored
-    # per held-out record, for the statistical gate (trainer/decision.py); not kept in metadata or checkpoints
+    # per held-out record, for the statistical gate (trainer/evaluation/decision.py); not kept in metadata or checkpoints
     records: RecordScores | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
@@ -70,7 +90,7 @@ def draft_agreement(
     adapters, in whatever adapter state it is in) with the target's logged top-m.
 
     A draft that needs more than the tokens to run scores itself through its own `gate_figures`
-    (same arguments): a head draft reads the target's hidden states (trainer/head_distill.py).
+    (same arguments): a head draft reads the target's hidden states (trainer/learning/head_distill.py).
     """
     own = getattr(causal_lm(draft_model), "gate_figures", None)
     if own is not None:

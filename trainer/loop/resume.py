@@ -1,11 +1,11 @@
 """What an online trainer's state.json holds, and how a trainer is rebuilt from a checkpoint.
 
-    write_checkpoint(..., trainer_state(trainer))     # trainer/online.py OnlineTrainer.checkpoint
+    write_checkpoint(..., trainer_state(trainer))     # trainer/loop/online.py OnlineTrainer.checkpoint
     restore_trainer(trainer, state, checkpoint_dir)   # OnlineTrainer.__init__, on the latest checkpoint
 
-state.json (trainer/checkpoint.py writes it atomically with the records and the champion's adapter):
+state.json (trainer/loop/checkpoint.py writes it atomically with the records and the champion's adapter):
 the consumer name, the checkpoint sequence, the general champion (version, sha256, registry map),
-each domain's champion and new-record count (trainer/domains.py), the next version number, the
+each domain's champion and new-record count (trainer/loop/domains.py), the next version number, the
 counters, the sampler's state and the last round's result. A restored trainer re-routes the
 checkpoint's records (held-out first, so every record keeps its place), then loads each domain
 champion's weights from its version directory and puts the general champion's back in the model.
@@ -17,18 +17,18 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.checkpoint import read_records
-from trainer.gate import GateFigures
-from trainer.rounds import RoundResult, result_state
+from trainer.evaluation.gate import GateFigures
+from trainer.loop.checkpoint import read_records
+from trainer.loop.rounds import RoundResult, result_state
 
-log = logging.getLogger("trainer.online")
+log = logging.getLogger("trainer.loop.online")
 
 INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
 COUNTERS = (*INTAKE_COUNTERS, "train_s", "adapters_promoted", "rounds", "promote_errors")
 
 
 def trainer_state(trainer) -> dict:
-    """What state.json holds (trainer/checkpoint.py lists it)."""
+    """What state.json holds (trainer/loop/checkpoint.py lists it)."""
     return {
         "created_at": time.time(),
         "consumer": trainer.stream.consumer,

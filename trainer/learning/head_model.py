@@ -1,7 +1,7 @@
 """The head as the trainer holds it: `TrainableHead` (a DraftHead that reads the target's hidden
 states and scores itself for the gate), the target's states per record (`TargetStates`), padded
 batches of examples with their states (`head_batch`), and the head unrolled on its own predictions
-(`unrolled`). Trained by trainer/head_distill.py; the module docstring there says what the head
+(`unrolled`). Trained by trainer/learning/head_distill.py; the module docstring there says what the head
 reads and how it learns.
 
     head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I]
@@ -22,8 +22,8 @@ import torch
 from adaptive_spec.drafters.head import DraftHead
 from adaptive_spec.kv import capture_final_norm_input
 from adaptive_spec.record import CorrectionRecord
-from trainer.distill import TrainingExample, collate, examples_from_record, micro_batches
-from trainer.gate import GateFigures, Tally
+from trainer.evaluation.gate import GateFigures, Tally
+from trainer.intake.examples import TrainingExample, collate, examples_from_record, micro_batches
 
 FUSE_PROBE_TOKENS = 64  # the fixed probe that sets the fuse's embedding scale
 
@@ -86,7 +86,7 @@ class TrainableHead(DraftHead):
         self, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048, max_seq_len: int = 1024
     ) -> GateFigures:
         """The gate's figures of the head's first draft token, teacher-forced on the target's true
-        states (trainer/gate.py), with the head's adapters in whatever state they are in."""
+        states (trainer/evaluation/gate.py), with the head's adapters in whatever state they are in."""
         tally = Tally()
         with torch.inference_mode():
             for batch, ids in _head_batches(self, records, batch_tokens, max_seq_len):

@@ -36,10 +36,10 @@ from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import SHA_TAG, WEIGHTS_FILE, version_dir_name
 from adaptive_spec.record import CorrectionRecord
 from registry.client import AdapterRegistry, ServedChampion
-from trainer.distill import DraftTrainer
-from trainer.gate import GateFigures, adapters_disabled, draft_agreement
-from trainer.pending import PendingRegistrations
-from trainer.versions import VersionDirs
+from trainer.evaluation.gate import GateFigures, adapters_disabled, draft_agreement
+from trainer.learning.distill import DraftTrainer
+from trainer.promotion.pending import PendingRegistrations
+from trainer.promotion.versions import VersionDirs
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Champion:
     None for the base draft), its weights, its figures on the held-out set, and what the registry says
     about it. `source` None: no registry; the trainer's own champion is final.
 
-    A domain's champion (trainer/domains.py) has a `fallback`, the general champion: until the domain
+    A domain's champion (trainer/loop/domains.py) has a `fallback`, the general champion: until the domain
     has a version of its own (`version` None, no `champion-<domain>` alias), its requests draft with
     the general adapter, so that is what it trains from and what its candidates must beat. Its
     figures and `roll_back` put its weights into the model first; the caller puts the general

@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from adaptive_spec.record import CorrectionRecord
-from trainer.distill import TrainingExample
+from trainer.intake.examples import TrainingExample
 
 
 class _RecentIds:
@@ -208,7 +208,7 @@ class HoldoutSplit:
         return True
 
     def hold(self, record: CorrectionRecord) -> None:
-        """Keep a record that another split held out (its domain's, trainer/domains.py), whatever
+        """Keep a record that another split held out (its domain's, trainer/loop/domains.py), whatever
         this split's own rule says, so that no adapter trains on it."""
         if record.request_id in self._seen:
             return

@@ -15,13 +15,13 @@ serves the adapter it was trained from (its `parent_sha256`, compared with the c
 `adapter_sha256` tag just before promoting). After a rollback, say champion 5 -> 4 while the
 trainer's v0006 (trained from 5) waited for MLflow, v0006 is registered as version 6 *without*
 promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operator can still
-promote it by hand. The trainer itself follows the registry (trainer/champion.py): once nothing of
+promote it by hand. The trainer itself follows the registry (trainer/promotion/champion.py): once nothing of
 its own is queued, whatever the registry serves is the champion it adopts, trains from and gates
 against. The check runs after the version is created (its artifacts uploaded: a second or more),
 right before the alias moves, so a rollback made during the upload stands. What is left: an
 operator action landing between the check and the alias move (two MLflow calls) is overwritten.
 
-A domain's adapter (its metadata says `"domain": "sql"`, trainer/domains.py) moves that domain's
+A domain's adapter (its metadata says `"domain": "sql"`, trainer/loop/domains.py) moves that domain's
 aliases (`champion-sql`, `previous-sql`), and the check compares its parent with `champion-sql`, or
 with `champion` while the domain has no alias of its own (its requests draft with the general
 adapter, which is what its first version was trained from).

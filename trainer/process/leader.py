@@ -156,7 +156,7 @@ class TrainerLease:
 
         While Redis does not answer, the promotion goes ahead. A trainer on the other side of a network
         split could take the lease meanwhile; the registration queue still promotes a version only
-        over the champion it was trained from (trainer/pending.py), so the two cannot alternate.
+        over the champion it was trained from (trainer/promotion/pending.py), so the two cannot alternate.
         """
 
         def call(adapter) -> None:

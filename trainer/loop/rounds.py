@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import redis
 
 from adaptive_spec.contracts import TRAINER_STATUS_KEY
-from trainer.gate import GateFigures
+from trainer.evaluation.gate import GateFigures
 
-log = logging.getLogger("trainer.online")
+log = logging.getLogger("trainer.loop.online")
 
 STATUS_TTL_S = 86400
 REWRITE_S = 30.0  # an unchanged status is written again after this long, so its age stays true
@@ -47,7 +47,7 @@ class RoundResult:
     candidate: GateFigures | None = None
     champion: GateFigures | None = None
     version: int | None = None  # the new champion's version when promoted
-    domain: str | None = None  # whose lineage (trainer/domains.py); None: the general adapter
+    domain: str | None = None  # whose lineage (trainer/loop/domains.py); None: the general adapter
 
 
 def versus(candidate: GateFigures, champion: GateFigures) -> str:

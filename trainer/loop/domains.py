@@ -5,8 +5,8 @@
     lineages.state()                 # {"sql": {"champion_version": 7, ..., "new_records": 3}} for state.json
 
 A request carries a domain tag (`adaptive_spec.domain`, the prompt file's "domain"). The online
-trainer (trainer/online.py) keeps, for each of the first `max_domains` domains it sees, a lineage:
-its own held-out split (with the warm-up of trainer/buffer.py, so a new domain's first gate comes
+trainer (trainer/loop/online.py) keeps, for each of the first `max_domains` domains it sees, a lineage:
+its own held-out split (with the warm-up of trainer/intake/buffer.py, so a new domain's first gate comes
 after about a dozen of its records), its own replay buffer, and its own champion, registered under
 the aliases `champion-<domain>` / `previous-<domain>` (adaptive_spec/contracts.py) that servers
 follow into a slot of their own (adaptive_spec/adapter_slots.py).
@@ -15,7 +15,7 @@ follow into a slot of their own (adaptive_spec/adapter_slots.py).
   the general set too, so no adapter ever trains on a record its gate scores.
 - Until a domain has a version of its own, its requests draft with the general adapter: that is
   its champion's `fallback`, what its first round trains from and what its first candidate must
-  beat (trainer/champion.py). Its candidates are gated on its own held-out records only.
+  beat (trainer/promotion/champion.py). Its candidates are gated on its own held-out records only.
 - The general adapter trains on every buffered record; its rounds are started by untagged records
   and those of rare domains (beyond `max_domains`, or with a name an MLflow alias cannot carry),
   so traffic that moves to a new domain trains that domain's adapter, not the general one, and a
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 from adaptive_spec.contracts import champion_alias
 from adaptive_spec.record import CorrectionRecord
-from trainer.buffer import HoldoutSplit, ReplayBuffer
-from trainer.champion import Champion, RegistryChampion
+from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
+from trainer.promotion.champion import Champion, RegistryChampion
 
-log = logging.getLogger("trainer.online")
+log = logging.getLogger("trainer.loop.online")
 
 
 @dataclass(eq=False)
@@ -48,7 +48,7 @@ class Lineage:
     champion: Champion
     new_records: int = 0  # training records since its last round
     # A candidate that scored ahead of the champion but not yet with the gate's confidence: its
-    # weights (`lora_state()`), which the lineage's next round trains on from (trainer/online.py).
+    # weights (`lora_state()`), which the lineage's next round trains on from (trainer/loop/online.py).
     carried: dict | None = None
 
     @property

@@ -4,40 +4,40 @@ promote a new adapter version only when it beats the one served on held-out rece
     settings = OnlineSettings(data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
                               target_id="smollm2-135m-instruct", draft_id="early-exit:4")
     trainer = OnlineTrainer(build_early_exit(target, 4), CorrectionStream(redis_url, consumer="trainer-1"),
-                            settings, on_promote=pending.submit,                    # trainer/pending.py
-                            champion_source=RegistryChampion(registry, pending))    # trainer/champion.py
+                            settings, on_promote=pending.submit,                    # trainer/promotion/pending.py
+                            champion_source=RegistryChampion(registry, pending))    # trainer/promotion/champion.py
     trainer.run(stop_event, budget_s=600)          # poll -> train_round -> checkpoint + ack, until stopped
 
 Small CPU check (tiny random models, a real redis-server): `.venv/bin/python -m pytest tests/trainer/test_online.py -q`.
 
 The loop (`run`), one verb each:
 
-- `poll()` takes records from the stream into held-out sets and replay buffers (trainer/intake.py,
+- `poll()` takes records from the stream into held-out sets and replay buffers (trainer/intake/intake.py,
   which also says when entries are acknowledged): the general adapter's, and each tagged domain's
-  own (trainer/domains.py: one adapter per domain, up to `max_domains`);
+  own (trainer/loop/domains.py: one adapter per domain, up to `max_domains`);
 - `train_round(lineage)`, for the lineage `next_lineage()` names once `min_new_records` new training
   records of its own have arrived: `round_steps` optimiser steps from its champion on its buffer
   (more, up to `max_round_steps`, while the next round would still be waiting for records),
   then candidate and champion (the base draft with adapters disabled before any version; for a
   domain without one, the general adapter) are scored with `draft_agreement` on one snapshot of its
-  held-out set, and the gate judges (trainer/decision.py). While the lineage's champion is the base
+  held-out set, and the gate judges (trainer/evaluation/decision.py). While the lineage's champion is the base
   draft, held-out records that arrive during the round bring a look at the gate, and the round ends
   at the look where it would promote (`_FirstLook`), so a first adapter does not wait for the end of
   a long round. A winner becomes `adapters_dir/vNNNN`
-  (trainer/versions.py; a domain's carries `"domain"` in its metadata; each ships the n-gram index of
+  (trainer/promotion/versions.py; a domain's carries `"domain"` in its metadata; each ships the n-gram index of
   its lineage's latest outputs, `ngram_tokens`) and the lineage's champion;
-- `checkpoint()` makes the state durable (trainer/checkpoint.py, trainer/resume.py), then
+- `checkpoint()` makes the state durable (trainer/loop/checkpoint.py, trainer/loop/resume.py), then
   acknowledges what it covers.
 
 The registry has the last word: before each round and again before each promotion the trainer
 adopts the version an operator moved the lineage's alias to (`champion`, `champion-<domain>`;
-trainer/champion.py). A candidate whose round saw its champion move is discarded. A rejected
+trainer/promotion/champion.py). A candidate whose round saw its champion move is discarded. A rejected
 candidate is rolled back (the champion's weights, optimiser moments cleared): a round that
 overfits costs its own steps only, and between rounds (and in checkpoints) the model holds the
 general champion's weights.
 
-The draft is an early-exit draft (trainer/distill.py) or a head (`TrainableHead(target)`,
-trainer/head_distill.py, `lora` then a `HeadSettings`); the gate, versions, checkpoints and registry
+The draft is an early-exit draft (trainer/learning/distill.py) or a head (`TrainableHead(target)`,
+trainer/learning/head_distill.py, `lora` then a `HeadSettings`); the gate, versions, checkpoints and registry
 are the same for both.
 
 Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer
@@ -62,20 +62,21 @@ import redis
 from adaptive_spec.contracts import version_dir_name
 from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.record import CorrectionRecord
-from trainer.buffer import ReplayBuffer
-from trainer.champion import RegistryChampion, agreement
-from trainer.checkpoint import latest_checkpoint, write_checkpoint
-from trainer.decision import StatisticalGate
-from trainer.distill import DraftTrainer, LoraSettings
-from trainer.domains import DomainLineages, Lineage
-from trainer.gate import Gate, GateFigures
-from trainer.head_distill import HeadTrainer
-from trainer.head_model import TrainableHead
-from trainer.intake import StreamIntake, target_tokens
-from trainer.resume import COUNTERS, restore_trainer, trainer_state
-from trainer.rounds import RoundResult, TrainerStatus, versus
-from trainer.stream import CorrectionStream
-from trainer.versions import AdapterVersion, VersionDirs
+from trainer.evaluation.decision import StatisticalGate
+from trainer.evaluation.gate import Gate, GateFigures
+from trainer.intake.buffer import ReplayBuffer
+from trainer.intake.intake import StreamIntake, target_tokens
+from trainer.intake.stream import CorrectionStream
+from trainer.learning.distill import DraftTrainer, LoraSettings
+from trainer.learning.head_distill import HeadTrainer
+from trainer.learning.head_model import TrainableHead
+from trainer.loop.checkpoint import latest_checkpoint, write_checkpoint
+from trainer.loop.domains import DomainLineages, Lineage
+from trainer.loop.resume import COUNTERS, restore_trainer, trainer_state
+from trainer.loop.rounds import RoundResult, TrainerStatus, versus
+from trainer.promotion.champion import RegistryChampion, agreement
+from trainer.promotion.versions import AdapterVersion, VersionDirs
+from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +91,26 @@ class OnlineSettings:
     draft_id: str = "draft"
     base_version: str | int | None = None  # an opaque label of what the lineage starts from
     lora: LoraSettings = field(default_factory=LoraSettings)  # a head takes HeadSettings (head_distill.py)
-    gate: StatisticalGate | Gate = field(default_factory=StatisticalGate)  # or the fixed rule of trainer/gate.py
+    gate: StatisticalGate | Gate = field(
+        default_factory=StatisticalGate
+    )  # or the fixed rule of trainer/evaluation/gate.py
     holdout_fraction: float = 0.1  # of records, by a hash of their request id
     holdout_records: int = 256  # the most recent held-out records the gate scores
-    holdout_warmup: int = 8  # until this many are held out, 1 record in 3 is (trainer/buffer.py HoldoutSplit)
+    holdout_warmup: int = 8  # until this many are held out, 1 record in 3 is (trainer/intake/buffer.py HoldoutSplit)
     buffer_tokens: int = 200_000  # replay buffer size, in input tokens
-    min_new_records: int = 16  # new training records before a round
-    round_steps: int = 20  # optimiser steps per round
+    min_new_records: int = TrainerSettings.min_new_records  # new training records before a round
+    round_steps: int = TrainerSettings.round_steps  # optimiser steps per round
     # While traffic is slow, a round run() drives keeps training until min_new_records new records are in,
     # up to this many steps: time the trainer would otherwise spend waiting (round_steps: never longer).
-    max_round_steps: int = 100
+    max_round_steps: int = TrainerSettings.max_round_steps
     batch_tokens: int | None = None  # input tokens sampled per step; lora.batch_tokens if None
     read_count: int = 64  # entries per XREADGROUP / XAUTOCLAIM
     drain_s: float = 5.0  # between rounds, keep reading a backlog (full reads) for up to this long
     reclaim_idle_ms: int = 60_000  # another consumer's pending entries are taken over after this long
     registry_retry_s: float = 30.0  # while the registry is unreachable, ask it again after this long
-    max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
+    max_domains: int = (
+        TrainerSettings.max_domains
+    )  # domains with an adapter of their own (trainer/loop/domains.py); 0: one general adapter
     ngram_tokens: int = 32_768  # latest output tokens a version's n-gram index is built from (0: ship none)
 
     def __post_init__(self) -> None:
@@ -363,7 +368,7 @@ class OnlineTrainer:
         return result
 
     def sync_registry(self) -> bool:
-        """Adopt the registry's champion if an operator moved it (trainer/champion.py); True when the
+        """Adopt the registry's champion if an operator moved it (trainer/promotion/champion.py); True when the
         champion changed. Never raises for the registry."""
         moved = self.champion.sync()
         self._changed |= moved
@@ -378,10 +383,10 @@ class OnlineTrainer:
             self._changed |= moved
         return moved
 
-    # ---------------------------------------------------------------- lineages (trainer/domains.py)
+    # ---------------------------------------------------------------- lineages (trainer/loop/domains.py)
 
     def next_lineage(self) -> Lineage | None:
-        """The lineage run() trains next, or None (trainer/domains.py `DomainLineages.next`)."""
+        """The lineage run() trains next, or None (trainer/loop/domains.py `DomainLineages.next`)."""
         return self.lineages.next(lambda lineage: self._waiting(lineage, lineage.holdout.records))
 
     def checkpoint(self) -> Path:

@@ -1,0 +1,1 @@
+"""From the correction stream to what the trainer keeps: entries, training examples, buffer, held-out split."""

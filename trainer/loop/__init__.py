@@ -1,0 +1,1 @@
+"""The online loop: `OnlineTrainer` (poll, round, checkpoint), its rounds, lineages and checkpoints."""

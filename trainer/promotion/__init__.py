@@ -1,0 +1,1 @@
+"""Promotions: the champion (and following the registry), version directories, the registration queue."""

@@ -1,0 +1,79 @@
+"""The trainer process's one settings type: every knob of `adaptive-spec train` with its default, written
+once, here; the loop's `OnlineSettings`, the gate's `Thresholds` and the command line's flags take
+theirs from it. Read from the environment (STYLE.md §9, §20). It imports only the core's options, so
+building the command line's parser loads no trainer code.
+
+    settings = TrainerSettings.from_env()                           # ADAPTIVE_SPEC_*, REDIS_URL, MLFLOW_TRACKING_URI
+    settings = TrainerSettings.from_env(min_new_records=8)          # flags that were given win
+    settings.argv()                                                 # the flags of a child `adaptive-spec train`
+
+| field | environment | default |
+|---|---|---|
+| target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the built-in model, the head draft, auto |
+| data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: adapters, checkpoints, the default MLflow store |
+| redis_url | REDIS_URL | none: the trainer refuses to start |
+| tracking_uri | MLFLOW_TRACKING_URI | none: `<data_dir>/mlflow.db` |
+| consumer | ADAPTIVE_SPEC_CONSUMER | trainer-<hostname>, stable across restarts |
+| threads | ADAPTIVE_SPEC_THREADS | torch's own |
+| min_new_records, round_steps, max_round_steps | ADAPTIVE_SPEC_MIN_NEW_RECORDS, ... | 16 new records before a round, 20 steps, up to 100 while the next round would wait |
+| gate_min_positions, gate_confidence | ADAPTIVE_SPEC_GATE_MIN_POSITIONS, ... | 128 held-out positions before the first decision, 0.99 (trainer/evaluation/decision.py) |
+| max_domains | ADAPTIVE_SPEC_MAX_DOMAINS | 8 domains with an adapter of their own; 0: one general adapter |
+| checkpoint_every_s, budget_s | ADAPTIVE_SPEC_CHECKPOINT_EVERY_S, _BUDGET_S | 30 s; none: until a signal |
+| retry_s, lease_ttl_s | ADAPTIVE_SPEC_RETRY_S, _LEASE_TTL_S | 10 s between registrations while MLflow is down; 10 s lease |
+
+`k` (of the model options) is not the trainer's: it trains the draft, whatever k serves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from adaptive_spec.contracts import DEFAULT_DATA_DIR, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
+from adaptive_spec.options import EnvSettings, ModelOptions
+
+
+@dataclass(frozen=True)
+class TrainerSettings(ModelOptions, EnvSettings):
+    ENV_NAMES: ClassVar[dict[str, str]] = {"redis_url": REDIS_URL_ENV, "tracking_uri": MLFLOW_TRACKING_URI_ENV}
+
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    redis_url: str | None = None
+    tracking_uri: str | None = None  # None: <data_dir>/mlflow.db
+    consumer: str | None = None  # stable across restarts: None = "trainer-<hostname>"
+    threads: int | None = None  # torch threads; None keeps torch's default
+    budget_s: float | None = None  # stop after this much wall time; None = until a signal
+    checkpoint_every_s: float = 30.0
+    min_new_records: int = 16  # new training records before a round
+    round_steps: int = 20  # optimiser steps per round
+    max_round_steps: int = 100  # on slow traffic a round keeps training up to this many steps
+    gate_min_positions: int = 128  # held-out positions before the first decision
+    gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
+    max_domains: int = 8  # domains with an adapter of their own; 0: one general adapter
+    retry_s: float = 10.0  # between registration attempts while MLflow is down
+    lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
+
+    def argv(self, *, k: bool = False) -> list[str]:
+        """The flags of a child `adaptive-spec train` with these settings: the model options, the data
+        directory, and each knob that is not its default (the child's environment decides those, and
+        gives it Redis and MLflow)."""
+        flags = [*super().argv(k=k), "--data-dir", str(self.data_dir)]
+        for name, flag in _FLAGS.items():
+            value = getattr(self, name)
+            if value is not None and value != getattr(TrainerSettings, name):
+                flags += [flag, str(value)]
+        return flags
+
+
+_FLAGS = {  # field -> its `adaptive-spec train` flag (cli/training.py)
+    "consumer": "--consumer",
+    "threads": "--threads",
+    "min_new_records": "--min-new-records",
+    "round_steps": "--round-steps",
+    "max_round_steps": "--max-round-steps",
+    "gate_min_positions": "--gate-min-positions",
+    "gate_confidence": "--gate-confidence",
+    "max_domains": "--max-domains",
+    "checkpoint_every_s": "--checkpoint-every-s",
+}
