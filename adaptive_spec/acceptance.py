@@ -78,7 +78,7 @@ def rejection_sample(
     if num_accepted == k:
         return Verdict(k, int(sample(target_probs[k : k + 1], generator)[0]))
     residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_min(0.0)  # [vocab]
-    total = residual.sum()
+    total: torch.Tensor | float = residual.sum()
     if total <= 0:  # only reachable through rounding, when the two rows are equal
         residual, total = target_probs[num_accepted], 1.0
     return Verdict(num_accepted, int(sample((residual / total)[None], generator)[0]))

@@ -51,8 +51,8 @@ class AdapterSlots:
         self.domains[slot.domain] = slot
         evicted = []
         while len(self.domains) > self.max_domains:
-            oldest = min(self.domains.values(), key=lambda s: s.last_used)
-            evicted.append(self.domains.pop(oldest.domain))
+            oldest = min(self.domains, key=lambda domain: self.domains[domain].last_used)
+            evicted.append(self.domains.pop(oldest))
         return evicted
 
     def remove(self, domain: str | None) -> AdapterSlot | None:
@@ -71,7 +71,7 @@ class AdapterSlots:
 
     def versions(self) -> dict[str | None, str]:
         """domain (None: general) -> served version."""
-        held = {domain: slot.version for domain, slot in self.domains.items()}
+        held: dict[str | None, str] = {domain: slot.version for domain, slot in self.domains.items()}
         if self.general is not None:
             held[None] = self.general.version
         return held

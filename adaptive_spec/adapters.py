@@ -356,7 +356,8 @@ def check(draft: nn.Module, pairs: dict[str, tuple[torch.Tensor, torch.Tensor, f
             raise AdapterError(f"{name}: adapters may only touch the draft's own layers (model.layers.*)")
         module = modules.get(name)
         if not isinstance(module, nn.Linear):
-            raise AdapterError(f"{name}: no such linear module in this draft ({len(draft.model.layers)} layers)")
+            layers = sum(1 for path in modules if re.fullmatch(r"model\.layers\.\d+", path))
+            raise AdapterError(f"{name}: no such linear module in this draft ({layers} layers)")
         if lora_a.shape[1] != module.in_features or lora_b.shape[0] != module.out_features:
             raise AdapterError(
                 f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "

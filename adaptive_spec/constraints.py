@@ -131,28 +131,36 @@ class Constraints:
             logits = logits + (self.bias if ids is None else self.bias[ids])
         return logits
 
+    def _matcher(self):
+        """The grammar's matcher; the grammar paths run only for rows that have one."""
+        if self.matcher is None:
+            raise AssertionError("a row without a grammar has no grammar masks")
+        return self.matcher
+
     def _masks_along(self, drafts: list[int], m: int) -> torch.Tensor:
         """Grammar masks [m, vocab] at the pending position and after each draft token the grammar
         accepts; past a forbidden draft (which the target then rejects) the last mask repeats."""
+        matcher = self._matcher()
         self._advance([])
-        masks = [self.matcher.mask()]
+        masks = [matcher.mask()]
         taken = 0
         for token in drafts:
-            if not self.matcher.accept(token):
+            if not matcher.accept(token):
                 break
             taken += 1
-            mask = self.matcher.mask()
+            mask = matcher.mask()
             masks.append(mask if mask.any() else masks[-1])  # after an accepted EOS the row ends there
-        self.matcher.rollback(taken)
+        matcher.rollback(taken)
         masks += [masks[-1]] * (m - len(masks))
         return torch.stack(masks).to(self.counts.device)
 
     def _advance(self, drafted: list[int]) -> None:
         """Put the matcher at the committed output followed by `drafted` (as far as it allows)."""
+        matcher = self._matcher()
         if self._ahead:
-            self.matcher.rollback(self._ahead)
+            matcher.rollback(self._ahead)
             self._ahead = 0
         for token in drafted:
-            if not self.matcher.accept(token):
+            if not matcher.accept(token):
                 break
             self._ahead += 1

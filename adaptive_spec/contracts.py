@@ -50,7 +50,31 @@ EVENT_TAG = "adaptive_spec.last_event"  # registered-model tag: the last promote
 NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left the champion alone
 OUTSIDE = "mlflow-alias"  # the `by` of an alias moved outside adaptive-spec (the MLflow UI, a client)
 
-_DOMAIN = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+# The domain rules, here once. A request may tag itself with any DOMAIN_TAG (service/schemas.py checks
+# it); a tag that is also an alias domain gets an adapter of its own (`champion-sql`: MLflow aliases
+# allow letters, digits, "_" and "-"), any other trains the general adapter.
+MAX_DOMAIN_CHARS = 64
+DOMAIN_TAG_PATTERN = rf"^[A-Za-z0-9_.\-]{{1,{MAX_DOMAIN_CHARS}}}$"
+_ALIAS_DOMAIN = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+
+
+def check_domain(domain: str) -> str:
+    """`domain` when an alias can carry it (letters, digits, '_' and inner '-', at most 64 characters);
+    ValueError saying what is wrong otherwise. "sql" -> "sql"; "a b" and "-x" are refused."""
+    if len(domain) > MAX_DOMAIN_CHARS:
+        raise ValueError(f"a domain name is at most {MAX_DOMAIN_CHARS} characters; got {len(domain)}")
+    if not _ALIAS_DOMAIN.fullmatch(domain):
+        raise ValueError(f"a domain in an alias name is letters, digits, '_' and inner '-'; got {domain!r}")
+    return domain
+
+
+def is_alias_domain(domain: str) -> bool:
+    """Whether a domain tag can have an adapter of its own (`check_domain` accepts it)."""
+    try:
+        check_domain(domain)
+    except ValueError:
+        return False
+    return True
 
 
 def champion_alias(domain: str | None = None) -> str:
@@ -64,11 +88,7 @@ def previous_alias(domain: str | None = None) -> str:
 
 
 def _alias(base: str, domain: str | None) -> str:
-    if domain is None:
-        return base
-    if not _DOMAIN.fullmatch(domain):  # MLflow aliases allow letters, digits, "_" and "-"
-        raise ValueError(f"a domain in an alias name is letters, digits, '_' and inner '-'; got {domain!r}")
-    return f"{base}-{domain}"
+    return base if domain is None else f"{base}-{check_domain(domain)}"
 
 
 # ---------------------------------------------------------------- an adapter version on disk

@@ -218,7 +218,7 @@ class CorrectionRecord:
         _, _, flags, created_at, temperature, n_prompt, n_out, m = _HEADER.unpack(reader.take(_HEADER.size, "header"))
         if flags & ~_KNOWN_FLAGS:
             raise ValueError(f"unknown correction record flags 0x{flags:02x}")
-        strings = {}
+        strings: dict[str, Any] = {}
         for name in _STRING_FIELDS:
             (length,) = _STRLEN.unpack(reader.take(_STRLEN.size, f"{name} length"))
             strings[name] = None if length == _NONE_STR else _utf8(reader.take(length, name), name)
@@ -326,7 +326,7 @@ def _matrix(values: Any, dtype: type) -> np.ndarray:
         if str(values.dtype) == "torch.bfloat16":
             values = values.float()
         values = values.numpy()
-    array = np.array(values, dtype=dtype)  # always a private, writable copy
+    array: np.ndarray = np.array(values, dtype=dtype)  # always a private, writable copy
     if array.size == 0 and array.ndim != 2:
         array = array.reshape(0, 0)
     return array

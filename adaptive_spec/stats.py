@@ -29,7 +29,36 @@ class StepStats:
 
 
 @dataclass
-class RequestStats:
+class Totals:
+    """Sums over steps, requests or windows, and the two figures every report derives from them, here
+    once: a request's stats, a benchmark's run, the dashboard's buckets and the drift alert's window."""
+
+    drafted: float = 0  # draft tokens verified
+    accepted: float = 0  # of which the target kept
+    emitted: float = 0  # tokens emitted by decoding forwards (accepted + one recovered or bonus each)
+    target_forwards: float = 0  # decoding forwards (verifications); the prefill is counted apart
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """emitted / target forwards; None before the first forward."""
+        return self.emitted / self.target_forwards if self.target_forwards else None
+
+    def include(self, other: Totals) -> Totals:
+        """Add another's sums (a RequestStats is one) into these; returns self."""
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.emitted += other.emitted
+        self.target_forwards += other.target_forwards
+        return self
+
+
+@dataclass
+class RequestStats(Totals):
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -63,14 +92,6 @@ class RequestStats:
         for pos in range(step.drafted):
             self.drafted_per_pos[pos] += 1
             self.accepted_per_pos[pos] += pos < step.accepted
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return self.emitted / self.target_forwards if self.target_forwards else None
 
     def as_dict(self) -> dict:
         return {

@@ -20,7 +20,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, max_context: int | None) -
     if isinstance(prompt, str):
         ids = _need_tokenizer(tokenizer, "a text prompt").encode(prompt)
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-        ids = _chat_ids(tokenizer, prompt)
+        ids = _chat_ids(tokenizer, list(prompt))
     elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -64,7 +64,7 @@ def _need_tokenizer(tokenizer, what: str):
 def tokens_until_stop(decode: Callable[[list[int]], str | None], out: list[int], stops: tuple[str, ...]) -> int:
     """The shortest prefix of `out` whose text contains a stop string."""
     for n in range(1, len(out) + 1):
-        text = decode(out[:n])
+        text = decode(out[:n]) or ""
         if any(s in text for s in stops):
             return n
     return len(out)

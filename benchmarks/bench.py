@@ -44,6 +44,7 @@ from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
+from adaptive_spec.stats import Totals
 
 
 def run_bench(
@@ -67,7 +68,8 @@ def run_bench(
     paths = ("target", "spec", "hf_assisted", "hf_target") if hf else ("target", "spec")
     tokens = dict.fromkeys(paths, 0)
     seconds = dict.fromkeys(paths, 0.0)
-    drafted = accepted = emitted = forwards = free_drafted = free_accepted = 0
+    totals = Totals()
+    free_drafted = free_accepted = 0
     ttft = {"target": [], "spec": []}
     identical = hf_identical = 0
     sampling = dict(temperature=temperature, seed=0)
@@ -89,12 +91,9 @@ def run_bench(
             tokens[path] += len(result if isinstance(result, list) else result.token_ids)
             seconds[path] += elapsed
         out = ours[0]
-        drafted += out.stats.drafted
-        accepted += out.stats.accepted
+        totals.include(out.stats)
         free_drafted += out.stats.free_drafted
         free_accepted += out.stats.free_accepted
-        emitted += out.stats.emitted
-        forwards += out.stats.target_forwards
         identical += out.token_ids == base[0].token_ids
         bar.update()
     bar.close()
@@ -105,16 +104,16 @@ def run_bench(
         "target_tok_s": rate["target"],
         "spec_tok_s": rate["spec"],
         "speedup_vs_target": rate["spec"] / rate["target"],
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_acceptance_length": emitted / forwards if forwards else None,
-        "target_forwards_per_token": forwards / emitted if emitted else None,
+        "acceptance_rate": totals.acceptance_rate,
+        "mean_acceptance_length": totals.mean_acceptance_length,
+        "target_forwards_per_token": totals.target_forwards / totals.emitted if totals.emitted else None,
         "ttft_target_s": statistics.median(ttft["target"]),
         "ttft_spec_s": statistics.median(ttft["spec"]),
         "ttft_ratio": statistics.median(ttft["spec"]) / statistics.median(ttft["target"]),
         "identical": identical == len(prompts) if greedy else None,
         "identical_prompts": identical if greedy else None,
-        "drafted": drafted,
-        "accepted": accepted,
+        "drafted": totals.drafted,
+        "accepted": totals.accepted,
         "free_drafted": free_drafted,  # of drafted: copied proposals of ngram+ drafts, no model forward
         "free_accepted": free_accepted,
         "prompts": len(prompts),

@@ -50,6 +50,7 @@ from adaptive_spec.contracts import CORRECTION_STREAM, REDIS_URL_ENV
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
+from adaptive_spec.stats import Totals
 from benchmarks.bench import run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
 from service.correction_log import CorrectionLogWriter
@@ -236,7 +237,7 @@ def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[
             "requests": requests,
             "drafted": drafted,
             "accepted": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
+            "acceptance_rate": Totals(drafted, accepted).acceptance_rate,
         }
         for index, (requests, drafted, accepted) in sorted(windows.items())
     ]

@@ -1,4 +1,4 @@
-"""What each part of the head's training recipe contributes (issue 13): the same correction records,
+"""What each part of the head's training recipe contributes, to choose its defaults: the same correction records,
 one fresh head per recipe, scored on the same held-out records.
 
     .venv/bin/python -m benchmarks.head_ablation --domain python --train-records 128 \\

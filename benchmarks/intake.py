@@ -1,4 +1,4 @@
-"""How many correction records per second one online trainer consumes on this machine (issue 16).
+"""How many correction records per second one online trainer consumes on this machine: how many replicas one trainer keeps up with.
 
     .venv/bin/python -m benchmarks.intake --records 2000 --json intake.json   # the default model, ~4 min
     # small CPU variant (a local tiny model directory, a few seconds):
@@ -80,7 +80,7 @@ from launch.redis import RedisStartError, started_server
 from registry.client import AdapterRegistry
 from trainer.intake.stream import CorrectionStream
 from trainer.loop.online import OnlineSettings, OnlineTrainer
-from trainer.loop.rounds import TrainerStatus
+from trainer.loop.status import TrainerStatus
 from trainer.process.build import build_trainer, load_draft
 from trainer.promotion.champion import RegistryChampion
 from trainer.promotion.pending import PendingRegistrations

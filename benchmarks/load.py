@@ -40,6 +40,14 @@ import httpx
 ALLOWED_STATUSES = (429, 503)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: p50 of [1, 2, 3, 4] is 2, p99 of 200 latencies is the 198th smallest; NaN for none."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
 @dataclass
 class LoadReport:
     users: int
@@ -62,11 +70,7 @@ class LoadReport:
         return bad + sum(self.transport_errors.values())
 
     def percentile(self, q: float) -> float:
-        """Nearest rank: p50 of [1, 2, 3, 4] is 2, p99 of 200 latencies is the 198th smallest."""
-        if not self.latencies_s:
-            return math.nan
-        ordered = sorted(self.latencies_s)
-        return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+        return percentile(self.latencies_s, q)
 
     def as_dict(self) -> dict:
         elapsed = self.elapsed_s or math.nan

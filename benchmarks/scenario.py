@@ -41,6 +41,7 @@ import httpx
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem, load_prompts
+from adaptive_spec.stats import Totals
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.serve import ServeBenchSettings, child_env, served
@@ -409,9 +410,17 @@ def _events(url: str, since: float) -> list[dict]:
 # ---------------------------------------------------------------------------------------- figures
 
 
+def _totals(replies: list[Reply]) -> Totals:
+    return Totals(
+        sum(r.drafted for r in replies),
+        sum(r.accepted for r in replies),
+        sum(r.tokens for r in replies),
+        sum(r.forwards for r in replies),
+    )
+
+
 def _acceptance(replies: list[Reply]) -> float | None:
-    drafted = sum(r.drafted for r in replies)
-    return sum(r.accepted for r in replies) / drafted if drafted else None
+    return _totals(replies).acceptance_rate
 
 
 def _tok_s(replies: list[Reply]) -> float | None:
@@ -420,8 +429,7 @@ def _tok_s(replies: list[Reply]) -> float | None:
 
 
 def _mean_acceptance_length(replies: list[Reply]) -> float | None:
-    forwards = sum(r.forwards for r in replies)
-    return sum(r.tokens for r in replies) / forwards if forwards else None
+    return _totals(replies).mean_acceptance_length
 
 
 def _window(replies: list[Reply], server: str) -> dict:

@@ -52,6 +52,7 @@ import httpx
 from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem
+from benchmarks.load import percentile
 from launch.processes import Child, free_port, http_ok
 from launch.processes import child_env as launch_child_env
 from service.metrics import PREFIX
@@ -137,14 +138,6 @@ class Level:
             "k": None if self.k is None else round(self.k, 3),
             "batch_size": None if self.batch_size is None else round(self.batch_size, 3),
         }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank: p50 of [1, 2, 3, 4] is 2."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def _round(value: float) -> float | None:

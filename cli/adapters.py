@@ -20,18 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-from adaptive_spec.contracts import ACTION_TAG, MODEL_NAME, REDIS_URL_ENV, champion_alias
+from adaptive_spec.contracts import ACTION_TAG, MODEL_NAME, REDIS_URL_ENV, champion_alias, check_domain
 
 
 def domain_name(text: str) -> str:
-    """--domain: a name an alias can carry (trainer/registry_records.domain_aliases), else exit 2."""
-    from registry.records import domain_aliases
-
+    """--domain: a name an alias can carry (adaptive_spec/contracts.py `check_domain`), else exit 2."""
     try:
-        domain_aliases(text)
+        return check_domain(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def add_commands(commands) -> None:

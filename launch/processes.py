@@ -63,20 +63,20 @@ class Child:
     def start(self) -> Child:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        output = open(self.log_path, "ab") if self.log_path is not None else subprocess.DEVNULL  # noqa: SIM115  (closed below; the child keeps its own descriptor)
+        log = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115 # closed below; the child keeps its own descriptor
         try:
             self.process = subprocess.Popen(
                 self.command,
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
-                stdout=output,
+                stdout=subprocess.DEVNULL if log is None else log,
                 stderr=subprocess.STDOUT,
                 start_new_session=self.new_session,
             )
         finally:
-            if output is not subprocess.DEVNULL:
-                output.close()
+            if log is not None:
+                log.close()
         return self
 
     def wait_until(self, ready: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.1) -> None:

@@ -270,9 +270,10 @@ class AdapterRegistry:
                     self._sha_of[version] = sha
             raw = (model.tags or {}).get(event_tag(domain))
         event = json.loads(raw) if raw else {}
+        sha = self._sha_of.get(version) if version is not None else None
         if event.get("version") == version and event.get("domain") == domain:
-            return ServedChampion(version, self._sha_of.get(version), event.get("by"), event.get("from"))
-        return ServedChampion(version, self._sha_of.get(version), OUTSIDE)
+            return ServedChampion(version, sha, event.get("by"), event.get("from"))
+        return ServedChampion(version, sha, OUTSIDE)
 
     def get(self, version: str | int) -> RegisteredAdapter:
         with self._mlflow("read version"):

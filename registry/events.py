@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from adaptive_spec.contracts import ADAPTER_EVENTS
 
@@ -37,7 +38,7 @@ class AdapterEvents:
     def __init__(self, redis_url: str | None, channel: str = ADAPTER_EVENTS) -> None:
         self.redis_url = redis_url
         self.channel = channel
-        self._client = None  # the publisher's connection, opened on the first publish
+        self._client: Any = None  # the publisher's redis.Redis, opened on the first publish
 
     def __bool__(self) -> bool:
         return bool(self.redis_url)

@@ -4,7 +4,7 @@
 
 MLflow creates (or migrates) a sqlite store's tables when a process first opens it, with no guard
 against another process doing the same: two servers started together on a new file both ran
-`CREATE TABLE`, and the slower one died on "table datasets already exists" (issue 17; in a loop of
+`CREATE TABLE`, and the slower one died on "table datasets already exists" (in a loop of
 three processes started at once, 12 of 15 failed). Here the opening holds an exclusive lock on a
 file beside the database (`mlflow.db.lock`), so the first process creates the tables and the others
 find them made. Both of MLflow's stores (runs and the model registry) are opened under the lock.

@@ -23,7 +23,6 @@ from pathlib import Path
 from adaptive_spec.contracts import ACTION_TAG, CHAMPION, EVENT_TAG, SHA_TAG, champion_alias, previous_alias
 
 DOMAIN_TAG = "domain"  # version (and run) tag: the domain it was trained for; absent for the general adapter
-MAX_DOMAIN_CHARS = 64  # as a request's domain tag (service/schemas.py)
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,8 @@ class ServedChampion:
 
 
 def domain_aliases(domain: str | None) -> tuple[str, str]:
-    """(champion alias, previous alias) of a domain; ValueError for a name an alias cannot carry."""
-    if domain is not None and len(domain) > MAX_DOMAIN_CHARS:
-        raise ValueError(f"a domain name is at most {MAX_DOMAIN_CHARS} characters; got {len(domain)}")
+    """(champion alias, previous alias) of a domain; ValueError for a name an alias cannot carry
+    (adaptive_spec/contracts.py `check_domain`)."""
     return champion_alias(domain), previous_alias(domain)
 
 
@@ -163,7 +161,7 @@ def run_figures(metadata: dict) -> tuple[dict[str, str], dict[str, float]]:
             metrics[f"{side}_{key}"] = value
     return (
         {key: str(value) for key, value in params.items() if value is not None},
-        {key: float(value) for key, value in metrics.items() if _finite(value)},
+        {key: float(value) for key, value in metrics.items() if value is not None and _finite(value)},
     )
 
 

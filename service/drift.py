@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.stats_queries import BASE, ratio
+from service.stats_queries import BASE, ratio, totals_of
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def check(sums: dict[str, float], candidate: dict, label: str, settings: DriftSe
         version=label,
         drafts=drafts,
         evaluated_at=now,
-        acceptance_rate=ratio(sums.get("accepted", 0.0), sums.get("drafted")),
+        acceptance_rate=totals_of(sums).acceptance_rate,
         first_token_acceptance=ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
     )
     greedy_match, expected_acceptance = candidate.get("greedy_match"), candidate.get("expected_acceptance")

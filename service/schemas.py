@@ -43,6 +43,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from adaptive_spec.constraints import MIN_REPETITION_PENALTY
+from adaptive_spec.contracts import DOMAIN_TAG_PATTERN
 from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
 from adaptive_spec.sampling import SEED_MAX, SEED_MIN
 from adaptive_spec.tokens import CHAT_ROLES
@@ -69,7 +70,7 @@ class AdaptiveSpecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     log: StrictBool = True
-    domain: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    domain: str | None = Field(None, pattern=DOMAIN_TAG_PATTERN)
     speculative: StrictBool = True
 
 

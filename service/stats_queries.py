@@ -32,6 +32,8 @@ import time
 import redis
 
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, TRAINER_STATUS_KEY, stats_bucket_key
+from adaptive_spec.stats import Totals
+from adaptive_spec.status import TrainerStatusRecord
 
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
@@ -162,9 +164,9 @@ class StatsQueries:
         return merged
 
     def trainer_status(self) -> dict | None:
-        """The trainer's last word (trainer/loop/rounds.py): what it did last or waits for; None if none is kept."""
+        """The trainer's last word (adaptive_spec/status.py): what it did last or waits for; None if none is kept."""
         raw = self.redis.get(TRAINER_STATUS_KEY)
-        return json.loads(raw) if raw else None
+        return TrainerStatusRecord.from_json(raw).as_dict() if raw else None
 
     def adapter_info(self, version: str | None) -> dict | None:
         raw = self.redis.hget(STATS_ADAPTERS_KEY, version_label(version))
@@ -173,11 +175,12 @@ class StatsQueries:
 
 def figures(sums: dict[str, float], baseline: dict[str, float] | None = None) -> dict[str, float | None]:
     """The plotted figures of one set of summed fields (see the module docstring)."""
+    totals = totals_of(sums)
     tokens_per_s = ratio(sums.get("tokens", 0.0), sums.get("decode_s"))
     baseline_tok_s = ratio(baseline.get("tokens", 0.0), baseline.get("decode_s")) if baseline else None
     return {
-        "acceptance_rate": ratio(sums.get("accepted", 0.0), sums.get("drafted")),
-        "mean_acceptance_length": ratio(sums.get("tokens", 0.0), sums.get("target_forwards")),
+        "acceptance_rate": totals.acceptance_rate,
+        "mean_acceptance_length": totals.mean_acceptance_length,
         "first_token_acceptance": ratio(sums.get("accepted_first", 0.0), sums.get("drafts")),
         "draft_k": ratio(sums.get("drafted", 0.0), sums.get("target_forwards")),  # chosen k per step, 0s included
         "tokens_per_s": tokens_per_s,
@@ -207,6 +210,13 @@ def _figures_series(slots: list[dict | None], baseline: list[dict | None] | None
             value = values.get(name)
             out[name].append(round(value, 4) if isinstance(value, float) else value)
     return out
+
+
+def totals_of(sums: dict[str, float]) -> Totals:
+    """The summed fields of buckets as stats totals (`tokens` are the emitted ones)."""
+    return Totals(
+        sums.get("drafted", 0.0), sums.get("accepted", 0.0), sums.get("tokens", 0.0), sums.get("target_forwards", 0.0)
+    )
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -31,7 +31,7 @@ import re
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from adaptive_spec.contracts import champion_alias
+from adaptive_spec.contracts import champion_alias, check_domain
 from service.deps import AdminToken, ServiceDep
 from service.errors import APIError
 
@@ -50,14 +50,11 @@ def _version_number(value: str | int | None) -> str | None:
 
 def _domain_name(value: str | None) -> str | None:
     """None (the general adapter) or a name an alias can carry: "sql" -> "sql"; "a b", "" or 65 chars: a 400."""
-    from registry.records import domain_aliases
-
     if value is None:
         return None
     if not isinstance(value, str):
         raise ValueError('a domain is a string, e.g. "sql"')
-    domain_aliases(value)  # ValueError saying what is wrong
-    return value
+    return check_domain(value)  # ValueError saying what is wrong
 
 
 class RollbackRequest(BaseModel):

@@ -1,6 +1,6 @@
 """A fleet on real processes: two `adaptive-spec serve` replicas sharing one redis-server, one `mlflow server`
 and one `adaptive-spec train`, with closed-loop traffic spread round robin over both replicas; then two
-trainers started by mistake on one stream (issue 16; DESIGN.md "Swap" and "Behaviour under faults").
+trainers started by mistake on one stream (DESIGN.md "Swap" and "Behaviour under faults").
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_fleet.py -q -s   (about 3 minutes)
 
@@ -71,7 +71,7 @@ from registry.events import AdapterEvents
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
 API_KEY, ADMIN_TOKEN = "fleet-api-key", "fleet-admin-token"
-SWAP_BOUND_S = 10.0  # issue 16: every replica on a new champion within 10 s of its promotion or rollback
+SWAP_BOUND_S = 10.0  # every replica on a new champion within 10 s of its promotion or rollback: ops' bound
 # the monitor sees a swap when a /health call returns (up to 1 s each): a change that stood less than
 # the bound plus that long may have been followed in time and seen only after the next change
 MONITOR_LAG_S = 1.0

@@ -1,4 +1,4 @@
-"""Processes started together on one new MLflow sqlite store all come up and read it (issue 17), and a
+"""Processes started together on one new MLflow sqlite store all come up and read it (MLflow creates a new store's tables with no guard of its own), and a
 server whose registry cannot be reached serves anyway (DESIGN.md "MLflow down").
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_shared_store.py -q   (about 60 s)

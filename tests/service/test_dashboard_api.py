@@ -12,7 +12,8 @@ from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import TRAINER_STATUS_KEY
-from trainer.loop.rounds import RoundResult, TrainerStatus
+from trainer.loop.rounds import RoundResult
+from trainer.loop.status import TrainerStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

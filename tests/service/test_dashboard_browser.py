@@ -22,7 +22,8 @@ from tiny import tiny_target
 from adaptive_spec import Engine
 from adaptive_spec.stats import RequestStats, StepStats
 from service.stats_store import StatsRecorder
-from trainer.loop.rounds import RoundResult, TrainerStatus
+from trainer.loop.rounds import RoundResult
+from trainer.loop.status import TrainerStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 

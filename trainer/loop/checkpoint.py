@@ -9,8 +9,9 @@ file `LATEST` (replaced atomically), so a crash mid-write leaves the last comple
     adapter/       the champion's LoRA weights (PEFT; the base draft's zero adapter before any promotion)
     buffer.bin     replay-buffer records, oldest first   } each a uint32 little-endian byte length
     holdout.bin    held-out records, oldest first        } + CorrectionRecord.encode()
-    state.json     counters, the champion's version and sha256, the next version number, the sampler's
-                   state, the registry version in sync and the local -> registry version map
+    state.json     a `CheckpointState`: the counters, the champion's version and sha256, the next
+                   version number, the sampler's state, the registry version in sync and the local ->
+                   registry version map, each domain's champion and new-record count
 
 Only the newest checkpoint is kept. The optimiser's moments are not saved: a resumed trainer starts
 them afresh, as `DraftTrainer.load` does.
@@ -20,11 +21,14 @@ Tests: `.venv/bin/python -m pytest tests/trainer/test_online.py tests/reliabilit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import struct
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptive_spec.record import CorrectionRecord
@@ -34,13 +38,42 @@ LATEST = "LATEST"  # names the complete checkpoint directory
 _LENGTH = struct.Struct("<I")
 
 
+@dataclass
+class CheckpointState:
+    """What state.json holds: one writer (`write_checkpoint`), one reader (`latest_checkpoint`). Each
+    part of the trainer gives and takes its own share (`OnlineTrainer.checkpoint` and `_restore`)."""
+
+    consumer: str  # the consumer name that wrote it
+    checkpoint_seq: int
+    champion: dict  # the general champion's state (trainer/promotion/champion.py `Champion.state`)
+    next_version: int
+    new_records: int  # the general lineage's training records since its last round
+    counters: dict  # the intake's and the rounds' counters
+    rng: dict  # the sampler's bit generator state
+    last_result: dict | None = None  # the last round's result (trainer/loop/rounds.py `result_state`)
+    domains: dict = field(default_factory=dict)  # each domain's champion state and new-record count
+    base_version: str | int | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict:
+        """The flat layout of format 1: the champion's keys at the top level."""
+        state = dataclasses.asdict(self)
+        return {"format": CHECKPOINT_FORMAT, **state.pop("champion"), **state}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CheckpointState:
+        names = {f.name for f in dataclasses.fields(cls)} - {"champion"}
+        champion = {key: value for key, value in data.items() if key not in names and key != "format"}
+        return cls(champion=champion, **{key: value for key, value in data.items() if key in names})
+
+
 def write_checkpoint(
     directory: Path,
     seq: int,
     save_adapter: Callable[[Path], object],
     buffer: Iterable[bytes],
     holdout: Iterable[bytes],
-    state: dict,
+    state: CheckpointState,
 ) -> Path:
     """Write checkpoint number `seq` (encoded records, the state, and the adapter `save_adapter`
     writes into the directory it is given), make it the LATEST, drop the older ones."""
@@ -52,9 +85,7 @@ def write_checkpoint(
     save_adapter(temporary / "adapter")
     write_records(temporary / "buffer.bin", buffer)
     write_records(temporary / "holdout.bin", holdout)
-    _write_durably(
-        temporary / "state.json", json.dumps({"format": CHECKPOINT_FORMAT, **state}, indent=2, sort_keys=True).encode()
-    )
+    _write_durably(temporary / "state.json", json.dumps(state.to_json(), indent=2, sort_keys=True).encode())
     shutil.rmtree(directory / name, ignore_errors=True)  # left by a crash before LATEST named it
     os.rename(temporary, directory / name)
     _write_durably(directory / f".{LATEST}.tmp", name.encode())
@@ -66,7 +97,7 @@ def write_checkpoint(
     return directory / name
 
 
-def latest_checkpoint(directory: Path | None) -> tuple[dict | None, Path | None]:
+def latest_checkpoint(directory: Path | None) -> tuple[CheckpointState | None, Path | None]:
     """(state.json, the checkpoint directory) of the checkpoint LATEST names, or (None, None)."""
     if directory is None or not (directory / LATEST).exists():
         return None, None
@@ -76,7 +107,7 @@ def latest_checkpoint(directory: Path | None) -> tuple[dict | None, Path | None]
         raise ValueError(
             f"checkpoint {checkpoint} has format {state.get('format')}, this build reads {CHECKPOINT_FORMAT}"
         )
-    return state, checkpoint
+    return CheckpointState.from_json(state), checkpoint
 
 
 def write_records(path: Path, encoded: Iterable[bytes]) -> None:

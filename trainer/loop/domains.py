@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from adaptive_spec.contracts import champion_alias
+from adaptive_spec.contracts import is_alias_domain
 from adaptive_spec.record import CorrectionRecord
 from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
 from trainer.promotion.champion import Champion, RegistryChampion
@@ -114,13 +114,22 @@ class DomainLineages:
     def __len__(self) -> int:
         return len(self.lineages)
 
+    def sync(self, lineage: Lineage) -> bool:
+        """Adopt what an operator moved the aliases to (trainer/promotion/champion.py): the general
+        champion's, then the lineage's own; True when either champion changed (a domain without a
+        version of its own stands on the general one)."""
+        moved = self.general.champion.sync()
+        if lineage.domain is not None:
+            moved |= lineage.champion.sync()
+        return moved
+
     def route(self, record: CorrectionRecord) -> Lineage | None:
         """The lineage a record belongs to; None for untagged records and rare domains (the general adapter's)."""
         return None if record.domain is None else self.lineage(record.domain)
 
     def lineage(self, domain: str) -> Lineage | None:
         found = self.lineages.get(domain)
-        if found is None and len(self.lineages) < self.max_domains and _alias_name(domain):
+        if found is None and len(self.lineages) < self.max_domains and is_alias_domain(domain):
             found = self.lineages[domain] = self.make(domain)
         return found
 
@@ -134,11 +143,3 @@ class DomainLineages:
             if lineage is not None:
                 lineage.champion.load_state(kept)
                 lineage.new_records = kept.get("new_records", 0)
-
-
-def _alias_name(domain: str) -> bool:
-    try:
-        champion_alias(domain)
-    except ValueError:
-        return False
-    return True

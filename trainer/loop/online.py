@@ -2,52 +2,35 @@
 promote a new adapter version only when it beats the one served on held-out recent traffic.
 
     settings = OnlineSettings(data_dir / "adapters", checkpoint_dir=data_dir / "trainer",
-                              target_id="smollm2-135m-instruct", draft_id="early-exit:4")
-    trainer = OnlineTrainer(build_early_exit(target, 4), CorrectionStream(redis_url, consumer="trainer-1"),
+                              target_id="smollm2-135m-instruct", draft_id="head")
+    trainer = OnlineTrainer(TrainableHead(target), CorrectionStream(redis_url, consumer="trainer-1"),
                             settings, on_promote=pending.submit,                    # trainer/promotion/pending.py
                             champion_source=RegistryChampion(registry, pending))    # trainer/promotion/champion.py
     trainer.run(stop_event, budget_s=600)          # poll -> train_round -> checkpoint + ack, until stopped
 
-Small CPU check (tiny random models, a real redis-server): `.venv/bin/python -m pytest tests/trainer/test_online.py -q`.
+trainer/process/build.py assembles one from the process's settings. Small CPU check (tiny random
+models, a real redis-server): `.venv/bin/python -m pytest tests/trainer/test_online.py -q`.
 
-The loop (`run`), one verb each:
+`OnlineTrainer` is the loop, one verb each, over parts that own their state:
 
-- `poll()` takes records from the stream into held-out sets and replay buffers (trainer/intake/intake.py,
-  which also says when entries are acknowledged): the general adapter's, and each tagged domain's
-  own (trainer/loop/domains.py: one adapter per domain, up to `max_domains`);
-- `train_round(lineage)`, for the lineage `next_lineage()` names once `min_new_records` new training
-  records of its own have arrived: `round_steps` optimiser steps from its champion on its buffer
-  (more, up to `max_round_steps`, while the next round would still be waiting for records),
-  then candidate and champion (the base draft with adapters disabled before any version; for a
-  domain without one, the general adapter) are scored with `draft_agreement` on one snapshot of its
-  held-out set, and the gate judges (trainer/evaluation/decision.py). While the lineage's champion is the base
-  draft, held-out records that arrive during the round bring a look at the gate, and the round ends
-  at the look where it would promote (`_FirstLook`), so a first adapter does not wait for the end of
-  a long round. A winner becomes `adapters_dir/vNNNN`
-  (trainer/promotion/versions.py; a domain's carries `"domain"` in its metadata; each ships the n-gram index of
-  its lineage's latest outputs, `ngram_tokens`) and the lineage's champion;
-- `checkpoint()` makes the state durable (trainer/loop/checkpoint.py, trainer/loop/resume.py), then
-  acknowledges what it covers.
+- `poll()`: the intake (trainer/intake/intake.py) takes records from the stream into each lineage's
+  held-out set and replay buffer (trainer/loop/domains.py: the general adapter's, and one per tagged
+  domain, up to `max_domains`), and says when entries are acknowledged;
+- `train_round(lineage)`: the rounds (trainer/loop/rounds.py) train the lineage `next_lineage()` names
+  once `min_new_records` new records of its own are in, gate the candidate, and promote it
+  (trainer/promotion/versions.py) or roll it back;
+- `checkpoint()`: every part's state and the records go into one checkpoint (trainer/loop/checkpoint.py),
+  then the entries it covers are acknowledged.
 
-The registry has the last word: before each round and again before each promotion the trainer
-adopts the version an operator moved the lineage's alias to (`champion`, `champion-<domain>`;
-trainer/promotion/champion.py). A candidate whose round saw its champion move is discarded. A rejected
-candidate is rolled back (the champion's weights, optimiser moments cleared): a round that
-overfits costs its own steps only, and between rounds (and in checkpoints) the model holds the
-general champion's weights.
-
-The draft is an early-exit draft (trainer/learning/distill.py) or a head (`TrainableHead(target)`,
-trainer/learning/head_distill.py, `lora` then a `HeadSettings`); the gate, versions, checkpoints and registry
-are the same for both.
-
-Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer
-owns `draft_model`: PEFT injects the LoRA layers into it in place.
+Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer owns
+`draft_model`: PEFT injects the LoRA layers into it in place. The draft is an early-exit draft
+(trainer/learning/distill.py) or a head (`TrainableHead(target)`, trainer/learning/head_distill.py,
+`lora` then a `HeadSettings`); the gate, versions, checkpoints and registry are the same for both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import threading
@@ -56,29 +39,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import redis
 
-from adaptive_spec.contracts import version_dir_name
-from adaptive_spec.drafters.ngram_index import build_ngram_index
-from adaptive_spec.record import CorrectionRecord
 from trainer.evaluation.decision import StatisticalGate
-from trainer.evaluation.gate import Gate, GateFigures
-from trainer.intake.buffer import ReplayBuffer
-from trainer.intake.intake import StreamIntake, target_tokens
+from trainer.evaluation.gate import Gate
+from trainer.intake.intake import StreamIntake
 from trainer.intake.stream import CorrectionStream
 from trainer.learning.distill import DraftTrainer, LoraSettings
 from trainer.learning.head_distill import HeadTrainer
 from trainer.learning.head_model import TrainableHead
-from trainer.loop.checkpoint import latest_checkpoint, write_checkpoint
+from trainer.loop.checkpoint import CheckpointState, latest_checkpoint, read_records, write_checkpoint
 from trainer.loop.domains import DomainLineages, Lineage
-from trainer.loop.resume import COUNTERS, restore_trainer, trainer_state
-from trainer.loop.rounds import RoundResult, TrainerStatus, versus
-from trainer.promotion.champion import RegistryChampion, agreement
+from trainer.loop.rounds import RoundResult, Rounds, versus
+from trainer.loop.status import TrainerStatus
+from trainer.promotion.champion import RegistryChampion
 from trainer.promotion.versions import AdapterVersion, VersionDirs
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
+
+INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
 
 
 @dataclass(frozen=True)
@@ -127,7 +107,10 @@ def _part(part: str, name: str) -> property:
 
 class OnlineTrainer:
     """Consumes `stream`, trains a LoRA adapter on `draft_model` and writes promoted versions to
-    `settings.adapters_dir`; with `settings.checkpoint_dir`, resumes from the checkpoint found there."""
+    `settings.adapters_dir`; with `settings.checkpoint_dir`, resumes from the checkpoint found there.
+
+    Its public surface is the loop's verbs (run, poll, drain, train_round, checkpoint, ...) and the
+    figures reports and tests read, each answered by the part that keeps it (`_part`)."""
 
     def __init__(
         self,
@@ -138,19 +121,11 @@ class OnlineTrainer:
         on_promote: Callable[[AdapterVersion], None] | None = None,
         champion_source: RegistryChampion | None = None,  # None: the trainer's own champion is final
     ) -> None:
-        self.settings = settings
-        self.stream = stream
-        self.gate = settings.gate
-        self.on_promote = on_promote
+        self.settings, self.stream, self.gate = settings, stream, settings.gate
         self.checkpoint_dir = Path(settings.checkpoint_dir) if settings.checkpoint_dir is not None else None
         self.versions = VersionDirs(settings.adapters_dir)
-        self.train_s = 0.0
-        self.adapters_promoted = 0
-        self.rounds = 0
-        self.promote_errors = 0  # on_promote raised
-        self.last_result: RoundResult | None = None
         self.checkpoint_seq = 0
-        self._changed = False  # anything to checkpoint since the last checkpoint
+        self._polled = False  # records came since the last checkpoint
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
         trainer_class = HeadTrainer if isinstance(draft_model, TrainableHead) else DraftTrainer
@@ -172,11 +147,18 @@ class OnlineTrainer:
             reclaim_idle_ms=settings.reclaim_idle_ms,
         )
         self.buffer, self.holdout, self.adapters_dir = self.intake.buffer, self.intake.holdout, self.versions.root
-        self.status = TrainerStatus(stream.redis, stream.consumer)  # for operators: log and dashboard
-        self.batch_tokens = settings.batch_tokens or self.trainer.settings.batch_tokens
-        self.rng = np.random.default_rng(self.trainer.settings.seed)
-        if state is not None:
-            restore_trainer(self, state, checkpoint)
+        self.rounds_part = Rounds(
+            settings,
+            self.trainer,
+            self.lineages,
+            self.versions,
+            self.intake,
+            TrainerStatus(stream.redis, stream.consumer),  # for operators: log and dashboard
+            on_promote=on_promote,
+            checkpoint=self.checkpoint if self.checkpoint_dir is not None else None,
+        )
+        if state is not None and checkpoint is not None:
+            self._restore(state, checkpoint)
         self.stream.ensure_group()
 
     # ---------------------------------------------------------------- the loop
@@ -218,8 +200,8 @@ class OnlineTrainer:
                 self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
                 first = max(self.lineages.every(), key=lambda lineage: lineage.new_records)  # the nearest to a round
-                waiting = self._waiting(first, first.holdout.records) or "waiting for records"
-                self._report(RoundResult(False, False, waiting, domain=first.domain))
+                waiting = self.rounds_part.waiting(first) or "waiting for records"
+                self.rounds_part.report(RoundResult(False, False, waiting, domain=first.domain))
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 if self.checkpoint_dir is not None and self._dirty():
                     self.checkpoint()
@@ -234,16 +216,15 @@ class OnlineTrainer:
         """Take what the stream has for this consumer into the held-out set or the buffer; returns how
         many records came. Waits up to `block_ms` for new entries only when nothing pending came first."""
         received = self.intake.poll(block_ms)
-        if received:
-            self._changed = True
+        self._polled |= bool(received)
         return received
 
     def drain(self) -> int:
         """After a poll, keep reading without waiting while reads come back full (a backlog), for up to
         `drain_s`; returns how many records came. Without it the loop took `read_count` records per
         round: 64 per 39 s round with the default model, 1.65 records/s for a whole fleet. Intake
-        alone takes about 2800 records/s (benchmarks/intake.py), so a backlog of a few
-        thousand goes in one pass and the replay buffer keeps the most recent."""
+        alone takes about 2800 records/s (benchmarks/intake.py), so a backlog of a few thousand goes
+        in one pass and the replay buffer keeps the most recent."""
         deadline, taken = time.monotonic() + self.settings.drain_s, 0
         while time.monotonic() < deadline:
             received = self.poll(block_ms=None)
@@ -268,152 +249,97 @@ class OnlineTrainer:
     def train_round(
         self, lineage: Lineage | None = None, keep_training: Callable[[], bool] | None = None
     ) -> RoundResult:
-        """Train `round_steps` steps from the lineage's champion (the general one by default), then more,
-        up to `max_round_steps`, while `keep_training()` says so; gate the candidate on its held-out
-        records, promote it or roll it back.
+        """A round of the lineage (the general one by default): `round_steps` steps from its champion,
+        more while `keep_training()` says so, then the gate (trainer/loop/rounds.py).
 
         Why longer rounds on slow traffic: one user at a time brings about 8 records a minute, so with
         16 records per round of 20 steps the trainer waited three quarters of the time, and a head
-        gains about 0.2 of first-token match per 50 steps (benchmarks/head_ablation.py): a
-        round of 20 moved it too little for the gate to see it, and rejected rounds are rolled back."""
-        lineage = lineage or self.general
-        # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out
-        # set may grow before the candidate is promoted with the figures it scored on this snapshot
-        heldout, revision = lineage.holdout.records, lineage.holdout.revision
-        waiting = self._waiting(lineage, heldout)
-        if waiting:
-            return self._report(RoundResult(False, False, waiting, domain=lineage.domain))
-        if self._sync(lineage):  # the gate must compare against what is served, and training start from it
-            lineage.carried = None
-        champion = lineage.champion.figures(heldout, revision)
-        if lineage.domain is not None:
-            lineage.champion.roll_back()  # its weights into the model (the figures may come from the cache)
-        if lineage.carried is not None:  # the last round's candidate, ahead but not yet certain: train on from it
-            self.trainer.restore(lineage.carried)
-        new_records, lineage.new_records = lineage.new_records, 0
-        look = _FirstLook(self, lineage, revision) if lineage.champion.is_base_draft else None
-        losses, trained_ids, train_s = self._train(lineage.buffer, keep_training, look)
-        if look is not None and look.heldout is not None:  # the held-out set grew: the gate decides on all of it
-            heldout, revision, champion = look.heldout, look.revision, look.champion
-        # the round ended at a look that promotes: the weights are those it scored, on this snapshot
-        candidate = look.candidate if look is not None and look.promotes else agreement(self.trainer, heldout)
-        accepted, reason = self.gate.decide(candidate, champion)
-        if look is not None and look.looks:
-            reason += f" (after {look.looks} look{'s' if look.looks > 1 else ''} at held-out records that arrived during the round)"
-        lineage.carried = None
-        if accepted and self._sync(lineage):  # adopting replaced the candidate's weights
-            accepted = False
-            reason = f"the registry's champion moved during the round; candidate discarded, training from {lineage.champion.name()}"
-        elif not accepted and self._ahead(candidate, champion):
-            lineage.carried = self.trainer.lora_state()
-            reason += "; ahead of the champion, so the next round trains on from this candidate"
-        self.rounds += 1
-        self._changed = True
-        loss = float(np.mean(losses))
-        result = RoundResult(
-            True,
-            accepted,
-            reason,
-            self.rounds,
-            len(losses),
-            loss,
-            losses[0],
-            losses[-1],
-            new_records,
-            train_s,
-            candidate,
-            champion,
-            domain=lineage.domain,
-        )
-        if accepted:
-            result = dataclasses.replace(result, version=self._promote(result, trained_ids, lineage, revision).version)
-        else:
-            lineage.champion.roll_back()
-            if lineage.domain is not None:
-                self.champion.roll_back()  # between rounds the model holds the general champion
-        self.last_result = result
-        log.info(
-            "round %d (%s): %d steps in %.1f s, loss %.4f -> %.4f; held-out %s: %s",
-            result.round,
-            lineage.label,
-            result.steps,
-            train_s,
-            result.first_loss,
-            result.last_loss,
-            versus(candidate, champion),
-            f"promoted v{result.version:04d}"
-            if accepted
-            else f"{'kept' if lineage.carried else 'rolled back'} ({reason})",
-        )
-        return self._report(result)
-
-    def _ahead(self, candidate: GateFigures, champion: GateFigures) -> bool:
-        """The candidate did better than the champion on the same held-out positions, by more than the
-        gate's margin in greedy match and not worse in expected acceptance, but the gate was not yet
-        sure of it. Rolled back, its round's steps were lost: after python's first adapter, one
-        bench-drift --scenario run rolled back four rounds in a row whose candidates stood +0.10 to
-        +0.21 above the champion at 95-98% confidence (the gate needs 99%), each trained afresh from
-        the champion. Carried, the next round trains on from it, and the gate judges it again on a
-        held-out set that has grown meanwhile; it never trains on a held-out record, so carrying it
-        changes which weights are judged, not what judging them means."""
-        return (
-            candidate.positions == champion.positions > 0
-            and candidate.greedy_match - champion.greedy_match > self.gate.margin
-            and candidate.expected_acceptance >= champion.expected_acceptance
-        )
-
-    def _report(self, result: RoundResult) -> RoundResult:
-        lineage = self.lineages.lineages.get(result.domain) if result.domain is not None else None
-        self.status.report(result, (lineage or self.general).champion.name())
-        return result
+        gains about 0.2 of first-token match per 50 steps (benchmarks/head_ablation.py): a round of
+        20 moved it too little for the gate to see it, and rejected rounds are rolled back."""
+        return self.rounds_part.train(lineage or self.general, keep_training)
 
     def sync_registry(self) -> bool:
-        """Adopt the registry's champion if an operator moved it (trainer/promotion/champion.py); True when the
-        champion changed. Never raises for the registry."""
-        moved = self.champion.sync()
-        self._changed |= moved
-        return moved
-
-    def _sync(self, lineage: Lineage) -> bool:
-        """sync_registry, then the domain's own alias; True when either champion changed (a domain
-        without a version of its own stands on the general one)."""
-        moved = self.sync_registry()
-        if lineage.domain is not None:
-            moved |= lineage.champion.sync()
-            self._changed |= moved
-        return moved
-
-    # ---------------------------------------------------------------- lineages (trainer/loop/domains.py)
+        """Adopt the registry's champion if an operator moved it (trainer/promotion/champion.py); True when
+        the champion changed. Never raises for the registry."""
+        return self.champion.sync()
 
     def next_lineage(self) -> Lineage | None:
         """The lineage run() trains next, or None (trainer/loop/domains.py `DomainLineages.next`)."""
-        return self.lineages.next(lambda lineage: self._waiting(lineage, lineage.holdout.records))
+        return self.lineages.next(self.rounds_part.waiting)
+
+    # ---------------------------------------------------------------- checkpoints
 
     def checkpoint(self) -> Path:
-        """Write the champion, buffer, held-out set and counters atomically, then acknowledge the
-        entries they contain. Returns the checkpoint directory."""
+        """Write the champion, buffer, held-out set and every part's state atomically, then acknowledge
+        the entries they contain. Returns the checkpoint directory."""
         if self.checkpoint_dir is None:
             raise ValueError("this trainer has no checkpoint_dir")
         covered = self.intake.unacked  # everything routed so far is in what is written below
         self.checkpoint_seq += 1
+        rounds = self.rounds_part.state()
+        state = CheckpointState(
+            consumer=self.stream.consumer,
+            checkpoint_seq=self.checkpoint_seq,
+            champion=self.champion.state(),
+            next_version=self.versions.next,
+            new_records=self.general.new_records,
+            counters={**{name: getattr(self.intake, name) for name in INTAKE_COUNTERS}, **rounds["counters"]},
+            rng=rounds["rng"],
+            last_result=rounds["last_result"],
+            domains=self.lineages.state(),
+            base_version=self.settings.base_version,
+        )
         path = write_checkpoint(
             self.checkpoint_dir,
             self.checkpoint_seq,
             self.trainer.save,  # between rounds the weights are the champion's
             self.intake.encoded_buffer(),
             (record.encode() for record in self.holdout.records),
-            trainer_state(self),
+            state,
         )
-        self._changed = False
+        self._polled = self.rounds_part.changed = False
         for lineage in self.lineages.every():
             lineage.champion.changed = False
         self.intake.ack(covered)
         return path
 
+    def _restore(self, state: CheckpointState, checkpoint: Path) -> None:
+        """Each part takes its share of the checkpoint back: the records (held-out first, so every record
+        keeps its place), the counters, the champions (each domain's weights from its version
+        directory, then the general champion's back in the model), the next version, the sampler."""
+        if state.consumer != self.stream.consumer:
+            log.warning(
+                "checkpoint %s was written by consumer %r, this trainer reads as %r: that consumer's unacknowledged "
+                "entries come back only after %d ms idle (XAUTOCLAIM)",
+                checkpoint,
+                state.consumer,
+                self.stream.consumer,
+                self.settings.reclaim_idle_ms,
+            )
+        for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
+            self.intake.keep(record)
+        for name in INTAKE_COUNTERS:
+            setattr(self.intake, name, state.counters[name])
+        self.rounds_part.load_state(state.counters, state.rng, state.last_result)
+        self.champion.load_state(state.champion)
+        self.lineages.load_state(state.domains)
+        self.champion.roll_back()  # a domain's champion was loaded into the model to read its weights
+        self.versions.next = max(self.versions.next, state.next_version)
+        self.general.new_records = state.new_records
+        self.checkpoint_seq = state.checkpoint_seq
+        log.info("resumed from %s: %s", checkpoint, self.progress())
+
+    def _dirty(self) -> bool:
+        champions_changed = any(lineage.champion.changed for lineage in self.lineages.every())
+        return self._polled or self.rounds_part.changed or champions_changed or bool(self.intake.unacked)
+
+    # ---------------------------------------------------------------- reports
+
     def counters(self) -> dict:
         """Figures for reports (bench-drift's records_consumed, tokens_consumed, train_s, adapters_promoted)."""
         return {
-            **{name: getattr(self, name) for name in COUNTERS},
+            **{name: getattr(self.intake, name) for name in INTAKE_COUNTERS},
+            **self.rounds_part.state()["counters"],
             "buffer_records": len(self.buffer),
             "holdout_records": len(self.holdout),
             "unacknowledged": len(self.intake.unacked),
@@ -425,108 +351,6 @@ class OnlineTrainer:
             "registry_champion": self.registry_champion,
             "domains": self.lineages.counters(),
         }
-
-    # What reports and tests read, answered by the part that keeps it.
-    records_consumed = _part("intake", "records_consumed")  # distinct records taken from the stream
-    tokens_consumed = _part("intake", "tokens_consumed")  # their output tokens
-    duplicates = _part("intake", "duplicates")  # records dropped because their request id was already kept
-    next_version = _part("versions", "next")
-    champion_version = _part("champion", "version")  # None: the base draft
-    champion_sha256 = _part("champion", "sha256")
-    champion_path = _part("champion", "path")  # the champion's version directory; None for the base draft
-    registry_champion = _part("champion", "registry_champion")
-    registry_versions = _part("champion", "registry_versions")
-    adoptions = _part("champion", "adoptions")
-
-    # ---------------------------------------------------------------- the champion and new versions
-
-    def _waiting(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
-        """Why it is not time for the lineage's round yet, or None."""
-        waiting = self._waiting_for(lineage, heldout)
-        return waiting if waiting is None or lineage.domain is None else f"{lineage.domain}: {waiting}"
-
-    def _waiting_for(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
-        new_records, needed = lineage.new_records, self.settings.min_new_records
-        if new_records < needed or not len(lineage.buffer):
-            return f"{new_records} new training records, need {needed}"
-        positions = sum(len(record.output_ids) for record in heldout)
-        waiting = getattr(self.gate, "waiting_for", None)
-        if waiting is not None:
-            return waiting(len(heldout), positions)
-        if positions < self.gate.min_positions:
-            return f"held-out set has {positions} positions, the gate needs {self.gate.min_positions}"
-        return None
-
-    def _train(
-        self,
-        buffer: ReplayBuffer,
-        keep_training: Callable[[], bool] | None = None,
-        ready: Callable[[], bool] | None = None,
-    ) -> tuple[list[float], set[str], float]:
-        """`round_steps` optimiser steps on batches sampled from `buffer`, then more while `keep_training()`
-        says so, up to `max_round_steps`, unless `ready()` ends the round early: (losses, request ids,
-        seconds)."""
-        losses, trained_ids = [], set()
-        started = time.perf_counter()
-        settings = self.settings
-        while len(losses) < settings.round_steps or (
-            keep_training is not None and len(losses) < settings.max_round_steps and keep_training()
-        ):
-            batch = buffer.sample_batch(self.rng, self.batch_tokens)
-            losses.append(self.trainer.train_step(batch))
-            trained_ids.update(example.request_id for example in batch)
-            if ready is not None and len(losses) >= settings.round_steps and ready():
-                break
-        train_s = time.perf_counter() - started
-        self.train_s += train_s
-        return losses, trained_ids, train_s
-
-    def _promote(self, result: RoundResult, trained_ids: set[str], lineage: Lineage, revision: int) -> AdapterVersion:
-        """Save the candidate as the next version, make it the lineage's champion (its figures scored on
-        held-out `revision`), checkpoint, call on_promote."""
-        parent_champion = lineage.champion if lineage.champion.version is not None else self.champion
-        parent = parent_champion.version
-        promoted = self.versions.promote(
-            self.trainer.save,
-            target_tokens(lineage.buffer, lineage.holdout),
-            ngrams=self._ngram_index(lineage),
-            candidate=result.candidate,
-            champion=result.champion,
-            loss=result.loss,
-            domain_mix=self.intake.domain_mix(trained_ids),
-            parent_version=parent,
-            parent_sha256=parent_champion.sha256,
-            parent_registry_version=parent_champion.registry_versions.get(version_dir_name(parent or 0)),
-            domain=lineage.domain,
-            base_version=self.settings.base_version,
-            round=result.round,
-            round_steps=result.steps,
-            first_loss=result.first_loss,
-            last_loss=result.last_loss,
-            gate={"reason": result.reason, "min_positions": self.gate.min_positions, "margin": self.gate.margin},
-            records_consumed=self.records_consumed,
-            tokens_consumed=self.tokens_consumed,
-        )
-        lineage.champion.promoted(promoted.version, promoted.sha256, result.candidate, revision)
-        if lineage.domain is not None:
-            self.champion.roll_back()  # between rounds (and in checkpoints) the model holds the general champion
-        self.adapters_promoted += 1
-        if self.checkpoint_dir is not None:  # a restart must not fall back to the champion before this one
-            self.checkpoint()
-        if self.on_promote is not None:
-            try:
-                self.on_promote(promoted)
-            except Exception:  # the version is saved and is the champion; the callback owns its retries
-                self.promote_errors += 1
-                log.exception("on_promote failed for %s", promoted.path)
-        return promoted
-
-    def _ngram_index(self, lineage: Lineage) -> dict | None:
-        """The n-gram index of the lineage's latest `ngram_tokens` output tokens, which `ngram+` drafts
-        copy from (adaptive_spec/drafters/ngram_index.py; at most 4,096 n-grams); None when it is 0."""
-        if not self.settings.ngram_tokens:
-            return None
-        return build_ngram_index(lineage.buffer.recent_outputs(self.settings.ngram_tokens))
 
     def progress(self) -> str:
         last = self.last_result
@@ -541,40 +365,31 @@ class OnlineTrainer:
         """With one adapter "champion v0002"; with domains "champions: general base draft, python v0001"."""
         if not len(self.lineages):
             return f"champion {self.champion.name()}"
-        return "champions: " + ", ".join(
-            f"{lineage.label} {lineage.champion.name()}" for lineage in self.lineages.every()
-        )
+        names = (f"{lineage.label} {lineage.champion.name()}" for lineage in self.lineages.every())
+        return "champions: " + ", ".join(names)
 
-    def _dirty(self) -> bool:
-        champions_changed = any(lineage.champion.changed for lineage in self.lineages.every())
-        return self._changed or champions_changed or bool(self.intake.unacked)
+    @property
+    def status(self) -> TrainerStatus:
+        return self.rounds_part.status
 
+    @status.setter
+    def status(self, status: TrainerStatus) -> None:  # a benchmark silences it (benchmarks/intake.py)
+        self.rounds_part.status = status
 
-class _FirstLook:
-    """An interim look at the gate during a lineage's first round (its champion the base draft): when
-    held-out records arrive while the round keeps training, score the candidate as it is on the grown
-    held-out set; `ready()` ends the round if the gate would promote it, and the round then decides on
-    that snapshot (`heldout`, `revision`, `champion`). Only new evidence brings a look, never the same
-    records again, which the gate's false-promotion check covers (tests/trainer/test_decision.py looks
-    after every record). The base draft's figures need no weights swapped (adapters disabled), so a
-    look leaves the model and the optimiser as they were. A first adapter then comes with the held-out
-    record that makes it certain, not at the end of a round of up to `max_round_steps`."""
-
-    def __init__(self, trainer: OnlineTrainer, lineage: Lineage, revision: int) -> None:
-        self.trainer, self.lineage, self.revision = trainer, lineage, revision
-        self.heldout: list[CorrectionRecord] | None = None  # the last snapshot looked at; None: no look
-        self.champion: GateFigures | None = None
-        self.candidate: GateFigures | None = None
-        self.promotes = False  # the last look would promote: the round ends there
-        self.looks = 0
-
-    def __call__(self) -> bool:
-        holdout = self.lineage.holdout
-        if holdout.revision == self.revision:
-            return False
-        self.heldout, self.revision = holdout.records, holdout.revision
-        self.looks += 1
-        self.champion = self.lineage.champion.figures(self.heldout, self.revision)
-        self.candidate = agreement(self.trainer.trainer, self.heldout)
-        self.promotes, _ = self.trainer.gate.decide(self.candidate, self.champion)
-        return self.promotes
+    # What reports and tests read, answered by the part that keeps it.
+    records_consumed = _part("intake", "records_consumed")  # distinct records taken from the stream
+    tokens_consumed = _part("intake", "tokens_consumed")  # their output tokens
+    duplicates = _part("intake", "duplicates")  # records dropped because their request id was already kept
+    rounds = _part("rounds_part", "rounds")  # rounds trained
+    train_s = _part("rounds_part", "train_s")  # seconds of optimiser steps
+    adapters_promoted = _part("rounds_part", "adapters_promoted")
+    promote_errors = _part("rounds_part", "promote_errors")  # on_promote raised
+    last_result = _part("rounds_part", "last_result")
+    rng = _part("rounds_part", "rng")
+    next_version = _part("versions", "next")
+    champion_version = _part("champion", "version")  # None: the base draft
+    champion_sha256 = _part("champion", "sha256")
+    champion_path = _part("champion", "path")  # the champion's version directory; None for the base draft
+    registry_champion = _part("champion", "registry_champion")
+    registry_versions = _part("champion", "registry_versions")
+    adoptions = _part("champion", "adoptions")

@@ -1,0 +1,65 @@
+"""How the trainer tells operators what it does or waits for.
+
+    status = TrainerStatus(redis_client, consumer="trainer-1")
+    status.report(result, champion="v0004")   # "waiting", "promoted" or "not promoted", with the gate's reason
+
+The status goes to the Redis key `adaptive_spec:trainer_status` as a `TrainerStatusRecord`
+(adaptive_spec/status.py: the one schema, which the dashboard reads back), expiring after a day so a
+stopped trainer's last word does not stay forever, and to the trainer's log when it changes.
+Writing it never raises: a status is worth less than a round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import redis
+
+from adaptive_spec.contracts import TRAINER_STATUS_KEY
+from adaptive_spec.status import TrainerStatusRecord
+from trainer.loop.rounds import RoundResult
+
+log = logging.getLogger("trainer.loop.online")
+
+STATUS_TTL_S = 86400
+REWRITE_S = 30.0  # an unchanged status is written again after this long, so its age stays true
+
+
+class TrainerStatus:
+    """The trainer's last word for operators: logged when it changes, kept in Redis for the dashboard."""
+
+    def __init__(self, client: redis.Redis | None, consumer: str) -> None:
+        self.client, self.consumer = client, consumer
+        self.last: str | None = None
+        self._written_at = -math.inf  # monotonic time of the last write to Redis
+
+    def report(self, result: RoundResult, champion: str | None = None) -> dict:
+        """Record what `result` says; returns the status written."""
+        state = "promoted" if result.promoted else "not promoted" if result.trained else "waiting"
+        record = TrainerStatusRecord(
+            state,
+            result.reason,
+            self.consumer,
+            time.time(),
+            round=result.round,
+            domain=result.domain,
+            champion=champion,
+            candidate=result.candidate.as_dict() if result.candidate else None,
+            champion_figures=result.champion.as_dict() if result.champion else None,
+        )
+        status = record.as_dict()
+        changed = result.reason != self.last
+        if state == "waiting" and changed:  # a trained round logs itself (online.py)
+            log.info("waiting: %s", result.reason)
+        self.last = result.reason
+        if not changed and time.monotonic() - self._written_at < REWRITE_S:
+            return status  # the same word again: the dashboard's copy is fresh enough
+        self._written_at = time.monotonic()
+        if self.client is not None:
+            try:
+                self.client.set(TRAINER_STATUS_KEY, record.to_json(), ex=STATUS_TTL_S)  # the API nulls NaN
+            except redis.RedisError as exc:
+                log.debug("trainer status not written: %s", exc)
+        return status
