@@ -17,6 +17,7 @@ decoding by the target alone: the baseline every speed figure divides by.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import weakref
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from adaptive_spec import attention, cpu_linear
+from adaptive_spec import attention, cpu_linear, exact
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
@@ -40,10 +41,12 @@ from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
-from adaptive_spec.models import load_model, resolve_device, resolve_dtype
+from adaptive_spec.models import load_model, resolve_device, serving_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
+
+log = logging.getLogger(__name__)
 
 SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
@@ -76,13 +79,25 @@ class Engine:
         self.device = next(target.parameters()).device
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size(target)
+        self.dtype = next(target.parameters()).dtype
+        # Reduced precision needs batch-invariant kernels to stay lossless (exact.py); fp32 keeps the
+        # fastest kernels per shape, whose rounding differences (~1e-6) almost never swap two logits.
+        self.reduced_precision = self.dtype in (torch.bfloat16, torch.float16)
+        if self.reduced_precision:
+            exact.install(self.target)
         self.drafter = make_drafter(draft, target, self.vocab_size, self.device)
         core = self.drafter.model if isinstance(self.drafter, FreeFirstDrafter) else self.drafter  # the model draft
         for model in (self.target, core.model) if isinstance(core, ModelDrafter) else (self.target,):
-            cpu_linear.install(model)  # fp32 on the CPU only: the faster product order per row count, timed once
-            attention.use(model)  # a padded batch's masked attention without copying K/V per query head
-        if isinstance(core, HeadDrafter):
+            if self.reduced_precision:
+                exact.install(model)
+            else:
+                cpu_linear.install(model)  # fp32 on the CPU only: the faster product order per row count, timed once
+                attention.use(model)  # a padded batch's masked attention without copying K/V per query head
+        if isinstance(core, HeadDrafter) and not self.reduced_precision:
             cpu_linear.install(core.head)  # its attention follows the target's config, which it shares
+        self._exactness: exact.InvarianceReport | None = None
+        if self.reduced_precision:  # measured now: a server must not claim exactness it does not have
+            self._exactness = exact.make_exact(self.target)
         self.k = k
         self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
         self.target_id = target_id
@@ -107,7 +122,7 @@ class Engine:
     ) -> Engine:
         """Load by name: the built-in default, a Hugging Face id or local directory, or a .gguf file."""
         dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
         draft_model = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
@@ -117,7 +132,7 @@ class Engine:
                 draft_model = FreeFirstDrafter(
                     NgramDrafter(spec.max_ngram, dev), model_drafter(draft_model, vocab_size(model), spec.source)
                 )
-        return cls(
+        engine = cls(
             model,
             draft_model,
             tokenizer,
@@ -125,6 +140,19 @@ class Engine:
             draft_id=draft if isinstance(draft, str) else None,
             **kwargs,
         )
+        if dtype == "auto" and dev.type == "cpu" and engine.reduced_precision and not engine.exactness.exact:
+            log.warning("serving fp32: %s", engine.exactness.summary())
+            return cls.from_pretrained(target, draft, device, "fp32", **kwargs)
+        return engine
+
+    @property
+    def exactness(self) -> exact.InvarianceReport:
+        """Whether a position's logits are bitwise the same whatever shares its forward, as measured
+        on this machine (exact.check): measured at start in reduced precision, on first use in fp32."""
+        if self._exactness is None:
+            with self.step_lock:
+                self._exactness = exact.check(self.target)
+        return self._exactness
 
     # ---------------------------------------------------------------- public API
 

@@ -5,7 +5,7 @@ import torch
 from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.models import ModelLoadError, resolve_device, resolve_dtype
+from adaptive_spec.models import ModelLoadError, native_bf16, resolve_device, resolve_dtype, serving_dtype
 
 
 def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):
@@ -15,7 +15,10 @@ def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):
     assert engine.tokenizer is None and engine.target_id == str(tmp_path / "target")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     assert engine.generate(prompt, 20, k=2).token_ids == engine.generate(prompt, 20, speculative=False).token_ids
-    plain = Engine(tiny_target(0), None, eos_token_id=engine.eos_ids).generate(prompt, 20, speculative=False)
+    # dtype auto: bf16 where the CPU has native bf16 and the model passes the exactness check, else fp32
+    plain = Engine(tiny_target(0).to(engine.dtype), None, eos_token_id=engine.eos_ids).generate(
+        prompt, 20, speculative=False
+    )
     assert engine.generate(prompt, 20, speculative=False).token_ids == plain.token_ids
 
 
@@ -33,3 +36,13 @@ def test_auto_device_and_dtype():
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("int3", device)
+
+
+def test_serving_dtype_auto_is_bf16_where_the_cpu_computes_it_natively():
+    cpu = torch.device("cpu")
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    assert native_bf16(cpu) == native
+    assert serving_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    assert serving_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert serving_dtype("fp32", cpu) == torch.float32 and serving_dtype("bf16", cpu) == torch.bfloat16
