@@ -18,18 +18,13 @@ The same on the default model is in test_real_model.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny import llama
 from torch import nn
 
 from adaptive_spec import Engine, exact
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest --import-mode=importlib adds no test dir
-from tiny import llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -100,8 +95,9 @@ def test_a_querys_attention_is_bitwise_the_same_whatever_shares_the_product() ->
 
     other = torch.randn(1, heads, 1, d).to(BF16)
     batch_mask = torch.cat([torch.ones(1, 1, 1, 300, dtype=torch.bool), visible(1, 300, 7)])
-    batched, _ = exact.attention(module, torch.cat([other, q]), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1),
-                                 batch_mask, scaling=0.25)  # fmt: skip
+    batched, _ = exact.attention(
+        module, torch.cat([other, q]), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), batch_mask, scaling=0.25
+    )
     assert torch.equal(batched[1, 0], alone[0, 0])
 
 

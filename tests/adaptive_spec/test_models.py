@@ -1,5 +1,7 @@
 """Loading by name: local directories, errors, device and dtype (the default model: test_real_model)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from tiny import llama, tiny_target
