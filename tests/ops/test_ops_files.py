@@ -20,15 +20,15 @@ import yaml
 from fleet_env import FLEET_ADAPTER_POLL_S, FLEET_SERVE_ENV, FLEET_TRAIN_ENV, HEALTH_PATH
 
 from cli import build_parser
-from service.settings import _ENV_NAMES, Settings
+from service.settings import Settings
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 K8S = OPS / "k8s" / "adaptive-spec.yaml"
 COMPOSE = OPS / "compose.yaml"
 ALERTS = OPS / "prometheus" / "alerts.yml"
-# What the server reads (Settings.from_env) plus what the trainer and the CLI read (service/cli epilog).
+# What the server reads (Settings.from_env) plus what the trainer and the CLI read (cli/__init__.py epilog).
 SETTINGS_ENV = {
-    "REDIS_URL" if f.name == "redis_url" else _ENV_NAMES.get(f.name, f"ADAPTIVE_SPEC_{f.name.upper()}")
+    "REDIS_URL" if f.name == "redis_url" else Settings.env_name(f.name)
     for f in fields(Settings)
 }
 KNOWN_ENV = SETTINGS_ENV | {"MLFLOW_TRACKING_URI", "ADAPTIVE_SPEC_DATA_DIR"}
