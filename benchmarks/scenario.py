@@ -41,9 +41,9 @@ import httpx
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem, load_prompts
-from adaptive_spec.stats import Totals
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
+from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures
 from benchmarks.serve import ServeBenchSettings, child_env, served
 from launch.processes import Child
 from launch.redis import started_server
@@ -51,8 +51,6 @@ from service.stats_queries import ratio
 from trainer.settings import TrainerSettings
 
 MIX = "mix"
-RECOVER_FRACTION = 0.8  # recovered: a window at this fraction of the phase's plateau
-RETURN_S = 60.0  # a returning domain's acceptance is taken over its first minute back
 TRAINER_START_TIMEOUT_S = 600.0
 SERVED_NAME = "scenario"  # the model name both servers answer to (ADAPTIVE_SPEC_SERVED_MODEL_NAME)
 
@@ -98,21 +96,6 @@ class ScenarioSettings(ModelOptions):
     max_domains: int = 8  # the trainer's --max-domains; 0: one general adapter (the mix comparison)
     trainer_args: tuple[str, ...] = ("--min-new-records", "8")  # more `adaptive-spec train` flags
     cli: tuple[str, ...] = (sys.executable, "-m", "cli")
-
-
-@dataclass
-class Reply:
-    server: str  # "adaptive" or "static"
-    phase: int
-    prompt: int  # index into the phase's traffic
-    end_s: float  # since the traffic began
-    latency_s: float
-    tokens: int
-    forwards: float  # target forwards: tokens over the mean acceptance length
-    drafted: int
-    accepted: int
-    adapter_version: str | None
-    text: str
 
 
 @dataclass
@@ -175,8 +158,8 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
                     "name": phase.name,
                     "start_s": round(start_s, 1),
                     "end_s": round(end_s, 1),
-                    "heldout_acceptance": _acceptance(figures["adaptive"]),
-                    "heldout_static_acceptance": _acceptance(figures["static"]),
+                    "heldout_acceptance": acceptance(figures["adaptive"]),
+                    "heldout_static_acceptance": acceptance(figures["static"]),
                     "heldout_identical": all(
                         reply.text == reference
                         for reply, (_, reference) in zip(figures["adaptive"], heldout, strict=True)
@@ -191,75 +174,13 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
     result = summarize(settings, phases, replies, events)
     # Two server processes differ in speed on their own (each calibrates its CPU kernels at start);
     # their ratio with the target alone on the same prompts says how much of `speedup` is that.
-    process_ratio = ratio(_tok_s(alone["adaptive"]), _tok_s(alone["static"]))
+    process_ratio = ratio(tok_s(alone["adaptive"]), tok_s(alone["static"]))
     result["overall"]["target_alone_ratio"] = process_ratio
     result["overall"]["speedup_net_of_processes"] = ratio(result["overall"]["speedup"], process_ratio)
     result["identical"] = result["identical"] and [r.text for r in alone["adaptive"]] == [
         r.text for r in alone["static"]
     ]
     return result
-
-
-def summarize(settings: ScenarioSettings, phases: list[dict], replies: list[Reply], events: list[dict]) -> dict:
-    """The JSON of a run from its phases (times, held-out figures), live replies and swap markers."""
-    window = settings.window_s
-    end = max([p["end_s"] for p in phases] + [0.0])
-    windows = []
-    for i in range(max(1, int(end // window) + 1)):
-        inside = [r for r in replies if i * window <= r.end_s < (i + 1) * window]
-        windows.append({"t_s": (i + 0.5) * window, **{s: _window(inside, s) for s in ("adaptive", "static")}})
-    plateaus: dict[str, float | None] = {}
-    for index, phase in enumerate(phases):
-        mine = [r for r in replies if r.phase == index]
-        tail_from = phase["end_s"] - max(2 * window, (phase["end_s"] - phase["start_s"]) / 3)
-        plateau = _acceptance([r for r in mine if r.server == "adaptive" and r.end_s >= tail_from])
-        phase["plateau_acceptance"] = plateau
-        phase["static_acceptance"] = _acceptance([r for r in mine if r.server == "static"])
-        phase["mean_acceptance_length"] = _mean_acceptance_length([r for r in mine if r.server == "adaptive"])
-        phase["static_mean_acceptance_length"] = _mean_acceptance_length([r for r in mine if r.server == "static"])
-        phase["recover_s"] = _recover_s(mine, phase["start_s"], plateau, window)
-        if phase["name"] in plateaus:
-            first = _acceptance([r for r in mine if r.server == "adaptive" and r.end_s < phase["start_s"] + RETURN_S])
-            before = plateaus[phase["name"]]
-            phase["return_ratio"] = first / before if first is not None and before else None
-        plateaus[phase["name"]] = plateau
-    pairs = {}
-    for reply in replies:
-        pairs.setdefault((reply.phase, reply.prompt, reply.server), reply.text)
-    live_identical = all(
-        pairs.get((p, i, "static"), text) == text for (p, i, server), text in pairs.items() if server == "adaptive"
-    )
-    swaps = [e for e in events if e.get("kind") == "swap"]
-    overall = {
-        "adaptive_acceptance": _acceptance([r for r in replies if r.server == "adaptive"]),
-        "static_acceptance": _acceptance([r for r in replies if r.server == "static"]),
-        "adaptive_tok_s": _tok_s([r for r in replies if r.server == "adaptive"]),
-        "adaptive_mean_acceptance_length": _mean_acceptance_length([r for r in replies if r.server == "adaptive"]),
-        "static_mean_acceptance_length": _mean_acceptance_length([r for r in replies if r.server == "static"]),
-        "static_tok_s": _tok_s([r for r in replies if r.server == "static"]),
-        "requests": len(replies) // 2,
-    }
-    overall["speedup"] = ratio(overall["adaptive_tok_s"], overall["static_tok_s"])
-    first_served = next((r for r in sorted(replies, key=lambda r: r.end_s) if r.adapter_version is not None), None)
-    return {
-        "phases": phases,
-        "overall": overall,
-        "first_promotion_s": swaps[0]["t_s"] if swaps else None,
-        # adaptive requests answered before the first one an adapter drafted (the trainer's records come from these)
-        "first_promotion_requests": (
-            sum(r.server == "adaptive" and r.end_s < first_served.end_s for r in replies) if first_served else None
-        ),
-        "identical": live_identical and all(p["heldout_identical"] for p in phases),
-        "events": events,
-        "windows": windows,
-        "window_s": window,
-        "target": settings.target,
-        "draft": settings.draft,
-        "concurrency": settings.concurrency,
-        "max_domains": settings.max_domains,
-        "max_new_tokens": settings.max_new_tokens,
-        "scenario": ",".join(f"{p.name}:{p.seconds:g}" for p in settings.phases),
-    }
 
 
 # ---------------------------------------------------------------------------------------- prompts
@@ -407,57 +328,6 @@ def _events(url: str, since: float) -> list[dict]:
     return [{**event, "t_s": round(event["t"] - since, 1)} for event in found["events"]]
 
 
-# ---------------------------------------------------------------------------------------- figures
-
-
-def _totals(replies: list[Reply]) -> Totals:
-    return Totals(
-        sum(r.drafted for r in replies),
-        sum(r.accepted for r in replies),
-        sum(r.tokens for r in replies),
-        sum(r.forwards for r in replies),
-    )
-
-
-def _acceptance(replies: list[Reply]) -> float | None:
-    return _totals(replies).acceptance_rate
-
-
-def _tok_s(replies: list[Reply]) -> float | None:
-    busy = sum(r.latency_s for r in replies)
-    return sum(r.tokens for r in replies) / busy if busy else None
-
-
-def _mean_acceptance_length(replies: list[Reply]) -> float | None:
-    return _totals(replies).mean_acceptance_length
-
-
-def _window(replies: list[Reply], server: str) -> dict:
-    mine = [r for r in replies if r.server == server]
-    return {
-        "acceptance": _acceptance(mine),
-        "mean_acceptance_length": _mean_acceptance_length(mine),
-        "tokens": sum(r.tokens for r in mine),
-        "busy_s": round(sum(r.latency_s for r in mine), 3),
-        "requests": len(mine),
-    }
-
-
-def _recover_s(replies: list[Reply], start_s: float, plateau: float | None, window: float) -> float | None:
-    if not plateau:
-        return None
-    adaptive = [r for r in replies if r.server == "adaptive"]
-    last = max((r.end_s for r in adaptive), default=start_s)
-    i = 0
-    while start_s + i * window <= last:
-        inside = [r for r in adaptive if start_s + i * window <= r.end_s < start_s + (i + 1) * window]
-        value = _acceptance(inside)
-        if value is not None and value >= RECOVER_FRACTION * plateau:
-            return (i + 1) * window
-        i += 1
-    return None
-
-
 def _progress(replies: list[Reply], settings: ScenarioSettings, log: Callable[[str], None]) -> None:
     """A line per window of live traffic, when the first reply of the next window comes in."""
     window = settings.window_s
@@ -465,7 +335,7 @@ def _progress(replies: list[Reply], settings: ScenarioSettings, log: Callable[[s
     if len(replies) < 2 or int(replies[-2].end_s // window) == current:
         return
     done = [r for r in replies if int(r.end_s // window) == current - 1]
-    figures = {s: _window(done, s) for s in ("adaptive", "static")}
+    figures = {s: window_figures(done, s) for s in ("adaptive", "static")}
     versions = sorted({str(r.adapter_version) for r in done if r.server == "adaptive"})
     log(
         f"  {current * window:6.0f} s: acceptance adaptive {_fmt(figures['adaptive']['acceptance'])} "

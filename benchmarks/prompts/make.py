@@ -23,12 +23,10 @@ domain with its frames, templates and slots, and ``chat.json``. A slot in a doma
 in that range) or ``{"like": SLOT}`` (drawn as SLOT is, but different from it); the few slots that
 compute their value (dates, names, "an 8"-year-old) are `COMPUTED` below.
 
-The output is deterministic: every domain draws from its own fixed seed and the
-only primitive used is ``random.Random.random()``, whose sequence for a given
-integer seed Python guarantees to keep stable across versions (``choice`` /
-``randint`` / ``shuffle`` are not guaranteed). ``tests/benchmarks/test_prompt_sets.py``
-checks that the shipped files are exactly what this script produces, so edit the
-templates and re-run it rather than editing the data files by hand. Standard library only.
+The output is deterministic: each domain has its own fixed seed, and the only primitive used is
+``random.Random.random()``, whose sequence Python keeps stable across versions (``choice`` and
+``randint`` are not). tests/benchmarks/test_prompt_sets.py checks that the shipped files are exactly
+what this produces: edit the templates and re-run it, never the data files. Standard library only.
 """
 
 from __future__ import annotations
