@@ -46,7 +46,8 @@ class ChildProcess(Child):
         self.workdir = workdir
 
     def launch(self) -> None:
-        self.start()
+        """Start the process alone (a subclass's `start` also waits until it is ready)."""
+        Child.start(self)
 
 
 class ServeProcess(ChildProcess):

@@ -27,10 +27,7 @@ K8S = OPS / "k8s" / "adaptive-spec.yaml"
 COMPOSE = OPS / "compose.yaml"
 ALERTS = OPS / "prometheus" / "alerts.yml"
 # What the server reads (Settings.from_env) plus what the trainer and the CLI read (cli/__init__.py epilog).
-SETTINGS_ENV = {
-    "REDIS_URL" if f.name == "redis_url" else Settings.env_name(f.name)
-    for f in fields(Settings)
-}
+SETTINGS_ENV = {"REDIS_URL" if f.name == "redis_url" else Settings.env_name(f.name) for f in fields(Settings)}
 KNOWN_ENV = SETTINGS_ENV | {"MLFLOW_TRACKING_URI", "ADAPTIVE_SPEC_DATA_DIR"}
 METRIC = re.compile(r"\badaptive_spec:[a-z_:]+")
 
