@@ -1,10 +1,10 @@
 """What each part of the head's training recipe contributes, to choose its defaults: the same correction records,
 one fresh head per recipe, scored on the same held-out records.
 
-    .venv/bin/python -m benchmarks.head_ablation --domain python --train-records 128 \\
+    adaptive-spec bench-head-ablation --domain python --train-records 128 \\
         --json ablation.json --plot ablation.png --records-file /tmp/python-records.bin
         # about 8 min of generation (2 threads), then about 6 min a recipe at one thread (unroll-2: 12)
-    .venv/bin/python -m benchmarks.head_ablation --recipes rank-16,no-regression --steps 60
+    adaptive-spec bench-head-ablation --recipes rank-16,no-regression --steps 60
 
 1. Records: the domain's prompts are split as `bench-drift` splits them (its held-out evaluation
    prompts are left out here too), and the first `--train-records + --heldout-records` traffic
@@ -43,7 +43,6 @@ defaults until rank 64 replaced rank 16):
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -55,27 +54,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.contracts import DEFAULT_MODEL
 from adaptive_spec.record import CorrectionRecord, record_from_output
+from benchmarks.settings import RECIPES, AblationSettings
 from service.finite import finite
 from trainer.intake.buffer import ReplayBuffer
 from trainer.intake.examples import examples_from_record
 from trainer.learning.head_distill import HeadSettings, HeadTrainer
 from trainer.learning.head_model import TrainableHead
 
-BASE = {"r": 16, "alpha": 32}  # the recipes differ from this one (the head's default before rank 64) in one thing
-RECIPES = {
-    "rank-16": BASE,
-    "no-regression": BASE | {"regression_weight": 0.0},
-    "no-noise": BASE | {"noise": 0.0},
-    "noise-0.3": BASE | {"noise": 0.3},
-    "rank-4": {"r": 4, "alpha": 8},
-    "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() now
-    "unroll-2": BASE | {"unroll": 2},
-    "lr-3e-3": BASE | {"lr": 3e-3},
-    "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
-    "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
-}
 RECORD_TOPK = 16
 
 
@@ -126,7 +112,7 @@ def score(head: TrainableHead, heldout, depth: int) -> dict:
     }
 
 
-def run_recipe(target, name: str, train, heldout, args) -> dict:
+def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dict:
     """Train a fresh head with one recipe on `train` (examples) and score it on `heldout` as it goes."""
     torch.manual_seed(args.seed)
     settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **RECIPES[name]})
@@ -146,87 +132,62 @@ def run_recipe(target, name: str, train, heldout, args) -> dict:
     return {"settings": RECIPES[name], "train_s": time.monotonic() - started, "curve": curve, **curve[-1]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.head_ablation",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Recipes: " + ", ".join(RECIPES),
-    )
-    parser.add_argument("--target", default=DEFAULT_MODEL)
-    parser.add_argument("--domain", default="python", help="a shipped prompt set (default: %(default)s)")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated (default: all)")
-    parser.add_argument("--train-records", type=int, default=160, help="about 30 min of bench-drift traffic")
-    parser.add_argument("--heldout-records", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=200, help="optimiser steps per recipe (default: %(default)s)")
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--batch-tokens", type=int, default=2048)
-    parser.add_argument("--depth", type=int, default=4, help="draft steps scored on the head's own states")
-    parser.add_argument("--eval-prompts", type=int, default=24, help="bench-drift's held-out prompts, left out")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--records-file", type=Path, help="keep the generated records here, or read them")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path, help="a PNG of the curves")
-    parser.add_argument("--from-json", type=Path, nargs="+", help="plot these result files (merged), run nothing")
-    args = parser.parse_args(argv)
-    if args.from_json:
-        figures = json.loads(args.from_json[0].read_text())
-        for extra in args.from_json[1:]:
-            figures["recipes"] |= json.loads(extra.read_text())["recipes"]
-        if args.json:
-            _write(args.json, figures)
-        if args.plot:
-            plot(figures, args.plot)
-        return 0
-    names = [name for name in args.recipes.split(",") if name]
-    unknown = [name for name in names if name not in RECIPES]
-    if unknown:
-        parser.error(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
-
+def run_ablation(settings: AblationSettings) -> dict:
+    """Every recipe on the same records (generated once, or read from `records_file`); the figures."""
     from adaptive_spec.engine import Engine
     from adaptive_spec.prompts import load_prompts
     from benchmarks.drift import split_prompts
     from benchmarks.prompts import shipped
 
-    engine = Engine.from_pretrained(target=args.target, draft="head")
-    if args.records_file and args.records_file.exists():
-        records = load_records(args.records_file)
-        print(f"{len(records)} records read from {args.records_file}", file=sys.stderr)
+    engine = Engine.from_pretrained(target=settings.target, draft="head")
+    if settings.records_file and settings.records_file.exists():
+        records = load_records(settings.records_file)
+        print(f"{len(records)} records read from {settings.records_file}", file=sys.stderr)
     else:
-        _, traffic = split_prompts(load_prompts(shipped(args.domain)), args.eval_prompts, args.seed)
-        wanted = args.train_records + args.heldout_records
-        records = generate_records(engine, traffic[:wanted], args.max_new_tokens, args.domain)
-        if args.records_file:
-            save_records(args.records_file, records)
-    random.Random(args.seed).shuffle(records)
-    heldout = records[: args.heldout_records]
-    train = [examples_from_record(record) for record in records[args.heldout_records :]]
-    figures = {
-        "domain": args.domain,
-        "target": args.target,
+        _, traffic = split_prompts(load_prompts(shipped(settings.domain)), settings.eval_prompts, settings.seed)
+        wanted = settings.train_records + settings.heldout_records
+        records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, settings.domain)
+        if settings.records_file:
+            save_records(settings.records_file, records)
+    random.Random(settings.seed).shuffle(records)
+    heldout = records[: settings.heldout_records]
+    train = [examples_from_record(record) for record in records[settings.heldout_records :]]
+    figures: dict = {
+        "domain": settings.domain,
+        "target": settings.target,
         "train_records": len(train),
         "heldout_records": len(heldout),
         "train_tokens": sum(example.num_tokens for example in train),
-        "steps": args.steps,
-        "batch_tokens": args.batch_tokens,
-        "depth": args.depth,
+        "steps": settings.steps,
+        "batch_tokens": settings.batch_tokens,
+        "depth": settings.depth,
         "torch_threads": torch.get_num_threads(),
         "recipes": {},
     }
-    for name in names:
-        figures["recipes"][name] = run_recipe(engine.target, name, train, heldout, args)
-        if args.json:  # after each recipe, so a long run leaves what it has
-            _write(args.json, figures)
-    if args.plot:
-        plot(figures, args.plot)
+    for name in settings.recipes:
+        figures["recipes"][name] = run_recipe(engine.target, name, train, heldout, settings)
+        if settings.json:
+            write_figures(settings.json, figures)
+    return figures
+
+
+def merged(paths: list[Path]) -> dict:
+    """The figures of several runs' JSON files, their recipes together (the first file's other keys)."""
+    figures = json.loads(paths[0].read_text())
+    for extra in paths[1:]:
+        figures["recipes"] |= json.loads(extra.read_text())["recipes"]
+    return figures
+
+
+def format_report(figures: dict) -> str:
+    lines = []
     for name, result in figures["recipes"].items():
         chain = " ".join(f"{value:.3f}" for value in result["chain_match"])
-        print(
+        lines.append(
             f"{name:14s} match_1 {result['match_1']:.3f}  chain {chain}  "
             f"accepted/round {result['accepted_per_round']:.3f}  ({result['train_s']:.0f} s)"
         )
-    return 0
+    return "\n".join(lines)
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -260,9 +221,5 @@ def plot(figures: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _write(path: Path, figures: dict) -> None:
+def write_figures(path: Path, figures: dict) -> None:
     path.write_text(json.dumps(finite(figures), indent=2, allow_nan=False) + "\n")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

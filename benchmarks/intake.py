@@ -1,8 +1,8 @@
 """How many correction records per second one online trainer consumes on this machine: how many replicas one trainer keeps up with.
 
-    .venv/bin/python -m benchmarks.intake --records 2000 --json intake.json   # the default model, ~4 min
+    adaptive-spec bench-intake --records 2000 --json intake.json   # the default model, ~4 min
     # small CPU variant (a local tiny model directory, a few seconds):
-    .venv/bin/python -m benchmarks.intake --target ./tiny --draft early-exit:1 --records 48 \\
+    adaptive-spec bench-intake --target ./tiny --draft early-exit:1 --records 48 \\
         --prompt-tokens 8,16 --output-tokens 24 --topk 8 --loop-minutes 0.5
 
 A loopback redis-server is started (or REDIS_URL is used, with a stream of its own, deleted at the
@@ -47,10 +47,8 @@ tests/benchmarks/test_bench_intake.py -x -q`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
-import json
 import logging
 import os
 import sys
@@ -58,7 +56,6 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +69,10 @@ from adaptive_spec.contracts import (
     TRAINER_GROUP,
     sqlite_tracking_uri,
 )
-from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.models import resolve_device, resolve_dtype
-from adaptive_spec.options import DTYPES, ModelOptions
+from benchmarks.settings import IntakeBenchSettings
 from benchmarks.synthetic import fill_stream, synthetic_record
-from launch.redis import RedisStartError, started_server
+from launch.redis import started_server
 from registry.client import AdapterRegistry
 from trainer.intake.stream import CorrectionStream
 from trainer.loop.online import OnlineSettings, OnlineTrainer
@@ -89,25 +85,6 @@ from trainer.settings import TrainerSettings
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 10  # a poll that finds nothing new waits this long (the trainer's 1 s would pad each part)
-
-
-@dataclass(frozen=True)
-class IntakeBenchSettings(ModelOptions):
-    """The model options of the trainer measured (its k is not used), then the benchmark's own."""
-
-    records: int = 2000
-    prompt_tokens: tuple[int, int] = (100, 200)  # uniform, both ends included
-    output_tokens: int = 64
-    topk: int = 16  # the server's record_topk (service/settings.py)
-    loop_minutes: float = 3.0  # the trainer loop's budget (a round under way finishes first)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        low, high = self.prompt_tokens
-        if self.records < 1 or self.output_tokens < 1 or self.topk < 1 or not 1 <= low <= high:
-            raise ValueError("records, output_tokens, topk and the prompt lengths must be >= 1, with min <= max")
-        if self.loop_minutes <= 0:
-            raise ValueError("loop_minutes must be positive")
 
 
 # ---------------------------------------------------------------- the two measurements
@@ -320,124 +297,20 @@ def format_report(figures: dict) -> str:
     )
 
 
-# ---------------------------------------------------------------- command line
-
-
-def _prompt_range(text: str) -> tuple[int, int]:
-    try:
-        low, high = (int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"MIN,MAX in tokens, e.g. 100,200; got {text!r}") from None
-    if not 1 <= low <= high:
-        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
-    return low, high
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    defaults = IntakeBenchSettings()
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.intake",
-        description="How many correction records per second one online trainer consumes on this machine: "
-        "fills the correction stream with synthetic records of real shape, then measures, on the same records, "
-        "(1) intake alone: the trainer's loop with no training rounds, until every entry is read and "
-        "acknowledged, and (2) the trainer loop with the defaults of `adaptive-spec train`, training rounds "
-        "included, for --loop-minutes. With a backlog the loop reads 64 entries per round, so (2) is the most "
-        "traffic one trainer keeps up with while training. A loopback redis-server is started unless REDIS_URL "
-        "is set. See benchmarks/intake.py.",
-    )
-    parser.add_argument("--records", type=_positive(int), default=defaults.records, help="default: %(default)s")
-    parser.add_argument(
-        "--loop-minutes",
-        type=_positive(float),
-        default=defaults.loop_minutes,
-        help="time budget of part 2; a round under way finishes first (default: %(default)s)",
-    )
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures here")
-    models = parser.add_argument_group("models (as `adaptive-spec train` takes them)")
-    models.add_argument("--target", default=defaults.target, help="default: %(default)s")
-    models.add_argument("--draft", default=defaults.draft, help="the draft the trainer trains (default: %(default)s)")
-    models.add_argument("--device", default=defaults.device, help="default: %(default)s")
-    models.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
-    models.add_argument("--threads", type=_positive(int), default=None, help="torch threads (default: torch's)")
-    shape = parser.add_argument_group("the synthetic records")
-    shape.add_argument(
-        "--prompt-tokens",
-        type=_prompt_range,
-        default=defaults.prompt_tokens,
-        metavar="MIN,MAX",
-        help="prompt length, uniform (default: 100,200)",
-    )
-    shape.add_argument(
-        "--output-tokens", type=_positive(int), default=defaults.output_tokens, help="default: %(default)s"
-    )
-    shape.add_argument(
-        "--topk",
-        type=_positive(int),
-        default=defaults.topk,
-        help="target top-m per output token, the server's record_topk (default: %(default)s)",
-    )
-    shape.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if not parse_draft_spec(args.draft).trainable:
-            parser.error(f"--draft {args.draft}: no weights to train; use early-exit:N, head or a draft model")
-    except DraftSpecError as exc:
-        parser.error(f"--draft {args.draft}: {exc}")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("trainer").setLevel(logging.INFO)  # the rounds, as `adaptive-spec train` logs them
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    settings = IntakeBenchSettings(
-        records=args.records,
-        target=args.target,
-        draft=args.draft,
-        prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens,
-        topk=args.topk,
-        loop_minutes=args.loop_minutes,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-    )
+def measure(settings: IntakeBenchSettings) -> dict:
+    """Both parts on a stream of their own: on REDIS_URL when it is set (a fresh stream, deleted at the
+    end), else on a loopback redis-server started here (RedisStartError when it cannot be)."""
     shared = os.environ.get(REDIS_URL_ENV)
     stream = f"{CORRECTION_STREAM}:bench-intake-{uuid.uuid4().hex[:8]}" if shared else CORRECTION_STREAM
     with tempfile.TemporaryDirectory(prefix="bench-intake-") as tmp:
         workdir = Path(tmp)
-        try:
-            server = None if shared else started_server(workdir)
-        except RedisStartError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        server = None if shared else started_server(workdir)
         url = shared or server.url
         try:
-            figures = run_intake_bench(settings, url, workdir, stream)
+            return run_intake_bench(settings, url, workdir, stream)
         finally:
             if shared:
                 with redis.Redis.from_url(url) as client:
                     client.delete(stream)
             if server is not None:
                 server.stop()
-    print(format_report(figures))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-        print(f"figures written to {args.json}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
+import cli
 from adaptive_spec.record import CorrectionRecord
-from benchmarks.intake import IntakeBenchSettings, main
+from benchmarks.settings import IntakeBenchSettings
 from benchmarks.synthetic import synthetic_record
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
@@ -35,6 +36,11 @@ def test_synthetic_records_have_the_servers_shape():
         assert record.proposed[0] == -1 and any(record.accepted)  # the prefill's token was never drafted
         assert CorrectionRecord.decode(record.encode()) == record
     assert 4500 < record.encoded_size < 5100  # the size the module docstring gives, about 4.8 kB
+
+
+def main(argv: list[str]) -> int:
+    """`adaptive-spec bench-intake ARGV` (cli/studies.py)."""
+    return cli.main(["bench-intake", *argv])
 
 
 def test_a_short_run_acknowledges_every_record_once_and_reports_every_figure(

@@ -1,0 +1,70 @@
+"""The benchmarks' settings that their commands take defaults from (cli/studies.py), in a module that
+loads no benchmark code, so that building the command line's parser stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from adaptive_spec.contracts import DEFAULT_MODEL
+from adaptive_spec.options import ModelOptions
+
+
+@dataclass(frozen=True)
+class IntakeBenchSettings(ModelOptions):
+    """The model options of the trainer measured (its k is not used), then the benchmark's own."""
+
+    records: int = 2000
+    prompt_tokens: tuple[int, int] = (100, 200)  # uniform, both ends included
+    output_tokens: int = 64
+    topk: int = 16  # the server's record_topk (service/settings.py)
+    loop_minutes: float = 3.0  # the trainer loop's budget (a round under way finishes first)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        low, high = self.prompt_tokens
+        if self.records < 1 or self.output_tokens < 1 or self.topk < 1 or not 1 <= low <= high:
+            raise ValueError("records, output_tokens, topk and the prompt lengths must be >= 1, with min <= max")
+        if self.loop_minutes <= 0:
+            raise ValueError("loop_minutes must be positive")
+
+
+# The head's recipes (benchmarks/head_ablation.py): each differs from BASE, the head's default before rank
+# 64, in one thing.
+BASE = {"r": 16, "alpha": 32}  # the recipes differ from this one (the head's default before rank 64) in one thing
+RECIPES = {
+    "rank-16": BASE,
+    "no-regression": BASE | {"regression_weight": 0.0},
+    "no-noise": BASE | {"noise": 0.0},
+    "noise-0.3": BASE | {"noise": 0.3},
+    "rank-4": {"r": 4, "alpha": 8},
+    "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() now
+    "unroll-2": BASE | {"unroll": 2},
+    "lr-3e-3": BASE | {"lr": 3e-3},
+    "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
+    "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
+}
+
+
+@dataclass(frozen=True)
+class AblationSettings:
+    target: str = DEFAULT_MODEL
+    domain: str = "python"  # a shipped prompt set
+    recipes: tuple[str, ...] = tuple(RECIPES)
+    train_records: int = 160  # about 30 min of bench-drift traffic
+    heldout_records: int = 32
+    max_new_tokens: int = 64
+    steps: int = 200  # optimiser steps per recipe
+    eval_every: int = 50
+    batch_tokens: int = 2048
+    depth: int = 4  # draft steps scored on the head's own states
+    eval_prompts: int = 24  # bench-drift's held-out prompts, left out
+    seed: int = 0
+    records_file: Path | None = None  # keep the generated records here, or read them
+    json: Path | None = None  # the figures, written after each recipe so a long run leaves what it has
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.recipes if name not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
