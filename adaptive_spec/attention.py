@@ -52,5 +52,7 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 def use(model) -> None:
     """Run `model`'s attention through `grouped_sdpa_forward` (a no-op for other attention kinds)."""
-    if getattr(model.config, "_attn_implementation", None) in ("sdpa", NAME):
-        model.set_attn_implementation(NAME)
+    if getattr(model.config, "_attn_implementation", None) in ("sdpa", NAME) and hasattr(
+        model, "set_attn_implementation"
+    ):
+        model.set_attn_implementation(NAME)  # a draft head shares its target's config, set there

@@ -33,11 +33,7 @@ from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
 from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
-from adaptive_spec.drafters.build import make_drafter, model_drafter, vocab_size
-from adaptive_spec.drafters.free_first import FreeFirstDrafter
-from adaptive_spec.drafters.head import HeadDrafter
-from adaptive_spec.drafters.model import ModelDrafter
-from adaptive_spec.drafters.ngram import NgramDrafter
+from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
@@ -86,22 +82,21 @@ class Engine:
         if self.reduced_precision:
             exact.install(self.target)
         self.drafter = make_drafter(draft, target, self.vocab_size, self.device)
-        core = self.drafter.model if isinstance(self.drafter, FreeFirstDrafter) else self.drafter  # the model draft
-        for model in (self.target, core.model) if isinstance(core, ModelDrafter) else (self.target,):
+        for model in (self.target, *(self.drafter.models() if self.drafter is not None else ())):
             if self.reduced_precision:
                 exact.install(model)
             else:
                 cpu_linear.install(model)  # fp32 on the CPU only: the faster product order per row count, timed once
                 attention.use(model)  # a padded batch's masked attention without copying K/V per query head
-        if isinstance(core, HeadDrafter) and not self.reduced_precision:
-            cpu_linear.install(core.head)  # its attention follows the target's config, which it shares
         self._exactness: exact.InvarianceReport | None = None
         if self.reduced_precision:  # measured now: a server must not claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
         self.k = k
-        self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
+        self.policy = DynamicK(k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3)
         self.target_id = target_id
-        self.draft_id = draft_id or (draft if isinstance(draft, str) else getattr(self.drafter, "name", "model"))
+        self.draft_id = draft_id or (
+            draft if isinstance(draft, str) else self.drafter.name if self.drafter else "model"
+        )
         self.record_topk = record_topk
         self.adapters = AdapterSlots(max_adapters)  # the general adapter and one per domain (adapter_slots.py)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
@@ -124,17 +119,13 @@ class Engine:
         dev = resolve_device(device)
         dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
-        draft_model = draft
+        drafter = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
             spec = parse_draft_spec(draft)
-            draft_model, _ = load_model(spec.source, dev, dt)
-            if spec.free_first:
-                draft_model = FreeFirstDrafter(
-                    NgramDrafter(spec.max_ngram, dev), model_drafter(draft_model, vocab_size(model), spec.source)
-                )
+            drafter = loaded_drafter(spec, load_model(spec.source, dev, dt)[0], vocab_size(model))
         engine = cls(
             model,
-            draft_model,
+            drafter,
             tokenizer,
             target_id=target,
             draft_id=draft if isinstance(draft, str) else None,
@@ -279,7 +270,7 @@ class Engine:
         return self._swap(domain, None)
 
     def _adaptable_drafter(self):
-        if not hasattr(self.drafter, "build_weights"):
+        if self.drafter is None or not self.drafter.takes_adapters:
             from adaptive_spec.adapters import AdapterError
 
             raise AdapterError("adapters need a model draft (early-exit:N, head or a separate model)")
