@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from contextlib import contextmanager
 
 import torch
 
 GROW = 256  # tokens of capacity added at a time
+COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled step (compiled.py)
 
 
 class BatchCache:
@@ -50,6 +52,7 @@ class BatchCache:
         self._active: slice | torch.Tensor = slice(0, 0)  # the rows the running forward covers
         self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
         self._kv_len = 0  # positions the running forward attends over
+        self._whole = False  # the running forward covers rows 0..n-1 and attends over the whole capacity
 
     @classmethod
     def for_model(cls, model) -> BatchCache:
@@ -97,7 +100,9 @@ class BatchCache:
 
     # ------------------------------------------------------------------ a forward
 
-    def inputs(self, rows: list[int], fed: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def inputs(
+        self, rows: list[int], fed: list[int], width: int, whole: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend)
         for feeding `fed[i]` tokens to row `rows[i]`, right-aligned in `width` columns, and point
         `update` at those rows.
@@ -107,13 +112,23 @@ class BatchCache:
         tokens, so their keys land where no real query looks, and the row's real tokens keep
         positions `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2
         tokens in width 4 gets positions [7, 8, 5, 6].
+
+        `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
+        capacity, so that the step's shapes change only when the capacity grows.
         """
-        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
+        # a compiled step's spare row (past the batch's rows) starts at 0: it writes only its own row
+        starts = torch.tensor([self.lengths[r] if r < len(self.lengths) else 0 for r in rows], device=self.device)[:, None]  # fmt: skip  # [n, 1]
+
         pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
         columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
         positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
         kv_len = int(positions.max()) + 1
-        self._reserve(len(self.lengths), kv_len)
+        self._reserve(max(len(self.lengths), len(rows)), kv_len)
+        self._whole = whole
+        if whole:
+            kv_len = self._capacity
+            self._token_rows = torch.arange(len(rows), device=self.device).repeat_interleave(width)  # [n * width]
+            self._token_positions = positions.reshape(-1)  # [n * width]
         self._active = (
             slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=self.device)
         )
@@ -128,6 +143,13 @@ class BatchCache:
         position the rows may attend to. key_states: [n, kv_heads, fed, head_dim]."""
         if self.keys[layer_idx] is None:
             self._allocate(layer_idx, key_states)
+        if self._whole:  # written so that the compiler sees no Python number that changes between steps
+            n, heads, _, dim = key_states.shape
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+            # one (row, position) pair per fed token, flat: [n * fed]
+            keys[self._token_rows, :, self._token_positions] = key_states.transpose(1, 2).reshape(-1, heads, dim)
+            values[self._token_rows, :, self._token_positions] = value_states.transpose(1, 2).reshape(-1, heads, dim)
+            return keys[:n], values[:n]
         kv_len = self._kv_len
         out = []
         for buffers, states in ((self.keys, key_states), (self.values, value_states)):
@@ -155,6 +177,17 @@ class BatchCache:
         self.keys[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
         self.values[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
         self._capacity = shape[2]
+
+    def allocate_for(self, model) -> None:
+        """Allocate every layer's buffers now, as the model's first forward would (a compiled step
+        must not allocate inside the graph)."""
+        config = model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        like = torch.empty((1, heads, 0, dim), dtype=next(model.parameters()).dtype)
+        for layer in range(self.num_layers):
+            if self.keys[layer] is None:
+                self._allocate(layer, like)
 
     def _reserve(self, rows: int, positions: int) -> None:
         """Grow every allocated buffer to hold `rows` rows of `positions` positions."""
@@ -215,6 +248,9 @@ def feed(
     fed = [len(f) for f in feeds]
     width = max(fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
+    step = COMPILED.get(model)
+    if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
+        return _compiled_feed(step, model, cache, feeds, hidden)
     positions, mask = cache.inputs(rows, fed, width)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
@@ -229,6 +265,26 @@ def feed(
     for row, n in zip(rows, fed, strict=True):
         cache.set_length(row, cache.lengths[row] + n)
     return (out, captured[0]) if hidden else out
+
+
+COMPILED_MIN = 2  # rows and tokens per row of a compiled step: a size of 1 would get a graph of its own
+
+
+def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool):
+    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A batch of one row gets
+    a spare row, and a step of one token per row a padding column, so that every step has at least
+    COMPILED_MIN of each and one graph serves them all (a graph specialised for size 1 could fuse
+    its arithmetic differently, and a position's logits would then depend on the step's shape)."""
+    n = len(feeds)
+    padded = feeds + [feeds[0][-1:]] * (COMPILED_MIN - n)
+    width = max(COMPILED_MIN, *(len(f) for f in feeds))
+    ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in padded], device=cache.device)  # [n', width]
+    cache.allocate_for(model)
+    positions, mask = cache.inputs(list(range(len(padded))), [len(f) for f in padded], width, whole=True)
+    logits, states = step(ids, positions, mask, cache)  # [n', width, vocab], [n', width, hidden]
+    for row, f in enumerate(feeds):
+        cache.set_length(row, cache.lengths[row] + len(f))
+    return (logits[:n], states[:n]) if hidden else logits[:n]
 
 
 @contextmanager

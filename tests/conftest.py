@@ -24,8 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # polling.py and friends, for every test module
 
+from adaptive_spec.contracts import COMPILE_ENV
 from adaptive_spec.record import CorrectionRecord
 from service.local_redis import RedisNotInstalled, RedisServer, started_server
+
+# The suite decodes eagerly, in this process and in every server it starts: compiling the default model
+# takes minutes. test_compiled.py compiles a tiny model on purpose; the `compiled` group the default one.
+os.environ.setdefault(COMPILE_ENV, "0")
 
 
 @pytest.fixture(scope="module")
