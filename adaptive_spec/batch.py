@@ -38,6 +38,7 @@ from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.adapter_slots import AdapterSlot
 from adaptive_spec.constraints import Constraints
 from adaptive_spec.drafters import Proposal, no_proposal
+from adaptive_spec.prefill import ChunkedPrefill
 from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
 from adaptive_spec.sampling import logits_to_probs
 from adaptive_spec.stats import RequestStats, StepStats
@@ -102,19 +103,27 @@ class Batch:
         self.drafter = engine.drafter
         self.wants_hidden = self.drafter is not None and self.drafter.wants_target_hidden
         self._verified_hidden: list[torch.Tensor] | None = None  # per row [k + 1, hidden], from the last verify
+        self.prefills = ChunkedPrefill(engine.target, self.wants_hidden)  # long prompts joining a busy batch
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.prefills)
 
     @property
     def full(self) -> bool:
-        return len(self.rows) >= self.max_rows
+        return len(self) >= self.max_rows
 
     # ---------------------------------------------------------------- rows come and go
 
     def add(self, request: Request) -> Row:
-        """Prefill a request's prompt into a new row; it decodes from the next step on."""
+        """Prefill a request's prompt into a new row; it decodes from the next step on. A long
+        prompt arriving while other rows decode is prefilled a chunk per step instead (prefill.py)."""
+        if self.full:
+            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         row = self._new_row(request)
+        if self.prefills.worth_staging(len(row.ids), len(self.rows)):
+            self.prefills.stage(row)
+            return row
+        self._join(row)
         if len(row.ids) > 1:
             started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
             out = kv.feed(self.engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
@@ -123,17 +132,33 @@ class Batch:
             row.stats.prefill_s = self.engine.clock() - started
         return row
 
+    def _join_staged(self) -> None:
+        """Feed one chunk of a staged prompt; a prompt whose last chunk is in joins the batch."""
+        finished = self.prefills.advance(self.engine.clock)
+        if finished is None:
+            return
+        row, states, seconds = finished
+        self._join(row)
+        self.prefills.copy_into(self.target_cache, row.slot)
+        if self.drafter is not None:
+            self.drafter.on_prefill(row, states)
+        row.stats.prefill_s = seconds
+
     def add_group(self, requests: list[Request]) -> list[Row]:
         """Rows for requests that share one prompt (OpenAI's `n`): the first is prefilled, the others
         copy its cache, so the prompt is computed once."""
-        if len(self.rows) + len(requests) > self.max_rows:
-            raise RuntimeError(f"the batch has room for {self.max_rows - len(self.rows)} rows, not {len(requests)}")
+        if len(self) + len(requests) > self.max_rows:
+            raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
         first = self.add(requests[0])
         rows = [first]
         for request in requests[1:]:
             if request.prompt_ids != first.request.prompt_ids:
                 raise ValueError("a group of rows shares one prompt")
+            if first in self.prefills:  # its prompt is staged: the copies are prefilled on their own
+                rows.append(self.add(request))
+                continue
             row = self._new_row(request)
+            self._join(row)
             self.target_cache.copy_row(first.slot, row.slot)
             if self.drafter is not None:
                 self.drafter.on_copy_row(first, row)
@@ -141,21 +166,17 @@ class Batch:
         return rows
 
     def _new_row(self, request: Request) -> Row:
-        if self.full:
-            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
-        engine = self.engine
-        adapter = engine.adapters.for_domain(request.domain) if self.drafter is not None else None
-        row = Row(
-            request,
-            len(self.rows),
-            0.0,
-            list(request.prompt_ids),
-            RequestStats(adapter_version=None if adapter is None else adapter.version),
-            Trace(engine.record_topk, request.logprobs),
-            time.perf_counter(),
-            adapter=adapter,
-        )
-        row.alpha = engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
+        """A row for a request, not yet in the batch (no slot: `_join` gives it one)."""
+        trace = Trace(self.engine.record_topk, request.logprobs)
+        return Row(request, -1, 0.0, list(request.prompt_ids), RequestStats(), trace, time.perf_counter())
+
+    def _join(self, row: Row) -> None:
+        """Give a new row its slot, adapter, acceptance estimates and constraints."""
+        engine, request = self.engine, row.request
+        row.slot = len(self.rows)
+        row.adapter = engine.adapters.for_domain(request.domain) if self.drafter is not None else None
+        row.stats.adapter_version = None if row.adapter is None else row.adapter.version
+        row.alpha = engine.policy.alpha_for(row.key, None if row.adapter is None else row.adapter.gated_alpha)
         row.free_alpha = engine.policy.free_alpha_for(row.key)
         if request.penalties.active or request.grammar is not None:
             matcher = None if request.grammar is None else request.grammar.new_matcher()
@@ -166,10 +187,11 @@ class Batch:
         if self.draft_cache is not None:
             self.draft_cache.add_row()  # the draft catches up lazily, on the row's first proposal
         self.rows.append(row)
-        return row
 
     def remove(self, row: Row) -> None:
         """Take a row out (finished, cancelled or timed out); the last row moves into its slot."""
+        if self.prefills.remove(row):
+            return
         slot = row.slot
         if slot >= len(self.rows) or self.rows[slot] is not row:
             return
@@ -199,6 +221,7 @@ class Batch:
 
     def step(self) -> list[tuple[Row, Chunk]]:
         """Advance every row by one speculative step; finished rows leave the batch."""
+        self._join_staged()
         if not self.rows:
             return []
         with self.engine.step_lock:

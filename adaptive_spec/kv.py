@@ -90,6 +90,22 @@ class BatchCache:
                     layer[target, :, :n] = layer[source, :, :n]
         self.lengths[target] = n
 
+    @torch.inference_mode()
+    def copy_from(self, source: BatchCache, source_row: int, row: int) -> None:
+        """Row `row` now holds row `source_row` of another cache of the same model (a staged prefill)."""
+        n = source.lengths[source_row]
+        self._reserve(len(self.lengths), max(n, 1))
+        for mine, theirs in ((self.keys, source.keys), (self.values, source.values)):
+            for layer, (buffer, other) in enumerate(zip(mine, theirs, strict=True)):
+                if other is None or not n:
+                    continue
+                if buffer is None:
+                    self._allocate(layer, other)
+                    self._reserve(len(self.lengths), n)
+                    buffer = mine[layer]
+                buffer[row, :, :n] = other[source_row, :, :n]
+        self.lengths[row] = n
+
     def set_length(self, row: int, length: int) -> None:
         """Row `row` now holds `length` valid positions (at most what was written)."""
         self.lengths[row] = length
@@ -116,14 +132,13 @@ class BatchCache:
         `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
         capacity, so that the step's shapes change only when the capacity grows.
         """
-        # a compiled step's spare row (past the batch's rows) starts at 0: it writes only its own row
-        starts = torch.tensor([self.lengths[r] if r < len(self.lengths) else 0 for r in rows], device=self.device)[:, None]  # fmt: skip  # [n, 1]
+        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
 
         pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
         columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
         positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
         kv_len = int(positions.max()) + 1
-        self._reserve(max(len(self.lengths), len(rows)), kv_len)
+        self._reserve(len(self.lengths), kv_len)
         self._whole = whole
         if whole:
             kv_len = self._capacity
@@ -216,6 +231,15 @@ def _contiguous(rows: list[int]) -> bool:
 PREFILL_CHUNK = 512  # tokens per forward when one row feeds many (bounds the mask and activations)
 
 
+def prefill_chunks(tokens: int) -> list[slice]:
+    """How a prompt of `tokens` tokens is fed: whole chunks of PREFILL_CHUNK, the remainder last.
+    Example: 1,300 tokens -> [0:512], [512:1024], [1024:1300]. Every prefill of a prompt follows
+    these boundaries (feed, prefill.py), so its keys and values are the same however it is fed."""
+    starts = range(0, max(tokens - PREFILL_CHUNK, 0), PREFILL_CHUNK)
+    last = tokens - (tokens % PREFILL_CHUNK or PREFILL_CHUNK) if tokens > PREFILL_CHUNK else 0
+    return [slice(start, start + PREFILL_CHUNK) for start in starts] + [slice(last, tokens)]
+
+
 @torch.inference_mode()
 def feed(
     model,
@@ -237,14 +261,13 @@ def feed(
     than PREFILL_CHUNK tokens (a prompt) runs in chunks.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
-        tokens, states = feeds[0], []
-        for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-            chunk = feed(model, cache, rows, [tokens[start : start + PREFILL_CHUNK]], decoder_only=True, hidden=hidden)
+        tokens, states, *head, last = feeds[0], [], *prefill_chunks(len(feeds[0]))
+        for chunk in head:
+            out = feed(model, cache, rows, [tokens[chunk]], decoder_only=True, hidden=hidden)
             if hidden:
-                states.append(chunk[1])
-        last = feed(model, cache, rows, [tokens[-(len(tokens) % PREFILL_CHUNK or PREFILL_CHUNK) :]],
-                    decoder_only=decoder_only, hidden=hidden)  # fmt: skip
-        return (last[0], torch.cat([*states, last[1]], dim=1)) if hidden else last
+                states.append(out[1])
+        out = feed(model, cache, rows, [tokens[last]], decoder_only=decoder_only, hidden=hidden)
+        return (out[0], torch.cat([*states, out[1]], dim=1)) if hidden else out
     fed = [len(f) for f in feeds]
     width = max(fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
@@ -267,24 +290,23 @@ def feed(
     return (out, captured[0]) if hidden else out
 
 
-COMPILED_MIN = 2  # rows and tokens per row of a compiled step: a size of 1 would get a graph of its own
+COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
 
 
 def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool):
-    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A batch of one row gets
-    a spare row, and a step of one token per row a padding column, so that every step has at least
-    COMPILED_MIN of each and one graph serves them all (a graph specialised for size 1 could fuse
-    its arithmetic differently, and a position's logits would then depend on the step's shape)."""
-    n = len(feeds)
-    padded = feeds + [feeds[0][-1:]] * (COMPILED_MIN - n)
-    width = max(COMPILED_MIN, *(len(f) for f in feeds))
-    ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in padded], device=cache.device)  # [n', width]
+    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
+    row gets a padding column, so that one graph serves every step (a graph specialised for a
+    width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
+    the step's shape)."""
+    fed = [len(f) for f in feeds]
+    width = max(COMPILED_MIN_WIDTH, *fed)
+    ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     cache.allocate_for(model)
-    positions, mask = cache.inputs(list(range(len(padded))), [len(f) for f in padded], width, whole=True)
-    logits, states = step(ids, positions, mask, cache)  # [n', width, vocab], [n', width, hidden]
-    for row, f in enumerate(feeds):
-        cache.set_length(row, cache.lengths[row] + len(f))
-    return (logits[:n], states[:n]) if hidden else logits[:n]
+    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True)
+    logits, states = step(ids, positions, mask, cache)  # [n, width, vocab], [n, width, hidden]
+    for row, n in enumerate(fed):
+        cache.set_length(row, cache.lengths[row] + n)
+    return (logits, states) if hidden else logits
 
 
 @contextmanager
