@@ -53,11 +53,20 @@ class BatchCache:
         self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
         self._kv_len = 0  # positions the running forward attends over
         self._whole = False  # the running forward covers rows 0..n-1 and attends over the whole capacity
+        # Sliding-window attention (Mistral, Gemma 3...): a key is visible to a query at position p only
+        # from position p - window + 1 on. Models with several layer types (layer_types) take one mask per
+        # type ("full_attention", "sliding_attention"), as their own mask builders would make them.
+        self.window: int | None = None
+        self.layer_types: list[str] | None = None
 
     @classmethod
     def for_model(cls, model) -> BatchCache:
-        cache = cls(model.config.num_hidden_layers, next(model.parameters()).device)
-        cache.max_positions = getattr(model.config, "max_position_embeddings", None)
+        config = model.config
+        cache = cls(config.num_hidden_layers, next(model.parameters()).device)
+        cache.max_positions = getattr(config, "max_position_embeddings", None)
+        cache.window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        cache.layer_types = sorted(set(layer_types)) if layer_types else None
         return cache
 
     # ------------------------------------------------------------------ rows
@@ -118,8 +127,9 @@ class BatchCache:
 
     def inputs(
         self, rows: list[int], fed: list[int], width: int, whole: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend)
+    ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
+        """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend; per
+        layer type for a model with sliding-window layers: {"full_attention": ..., "sliding_attention": ...})
         for feeding `fed[i]` tokens to row `rows[i]`, right-aligned in `width` columns, and point
         `update` at those rows.
 
@@ -150,8 +160,13 @@ class BatchCache:
         self._positions = positions
         self._kv_len = kv_len
         keys = torch.arange(kv_len, device=self.device)  # [kv_len]
-        mask = keys[None, None, :] <= positions[:, :, None]  # [n, width, kv_len]
-        return positions, mask[:, None]
+        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, width, kv_len]
+        if self.window is None:
+            return positions, mask
+        sliding = mask & (keys[None, None, None, :] > positions[:, None, :, None] - self.window)
+        if self.layer_types is None:  # every layer slides (Mistral)
+            return positions, sliding
+        return positions, {kind: sliding if kind == "sliding_attention" else mask for kind in self.layer_types}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer: write the fed tokens' keys and values, return every

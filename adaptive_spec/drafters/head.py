@@ -28,6 +28,7 @@ halves); a trained head version (trainer/) replaces both. The target never chang
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from types import SimpleNamespace
 
@@ -52,7 +53,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.config = target.config
         hidden = target.config.hidden_size
-        layers = decoder_layers(target)
+        layers = decoder_layers(target, "head")
         reference = next(layers[-1].parameters())
         self.fuse = nn.Linear(2 * hidden, hidden, bias=False, device=reference.device, dtype=reference.dtype)
         with torch.no_grad():
@@ -61,9 +62,17 @@ class DraftHead(nn.Module):
         self.layer = copy.deepcopy(layers[-1])
         self.layer.self_attn.layer_idx = 0  # the head's cache has one layer
         self.shared = SimpleNamespace(
-            embed=target.model.embed_tokens, norm=target.model.norm, lm_head=target.get_output_embeddings(),
+            embed=target.model.embed_tokens,
+            norm=target.model.norm,
+            lm_head=target.get_output_embeddings(),
             rotary=target.model.rotary_emb,
-        )  # fmt: skip
+        )
+        # Models with several layer types (Gemma 3: sliding and full attention) keep a rotary embedding
+        # per type; the head is its last layer's type.
+        layer_types = getattr(target.config, "layer_types", None)
+        self.layer_type = layer_types[len(layers) - 1] if layer_types else None
+        takes_type = "layer_type" in inspect.signature(target.model.rotary_emb.forward).parameters
+        self._rotary_kwargs = {"layer_type": self.layer_type} if takes_type else {}
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values=None) -> torch.Tensor:  # fmt: skip
@@ -73,7 +82,7 @@ class DraftHead(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
         fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
-        rotary = self.shared.rotary(fused, position_ids=position_ids)
+        rotary = self.shared.rotary(fused, position_ids=position_ids, **self._rotary_kwargs)
         return self.layer(fused, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=past_key_values, position_embeddings=rotary)  # fmt: skip
 
@@ -82,7 +91,12 @@ class DraftHead(nn.Module):
         its layer and, when given, a new fuse weight [hidden, 2 * hidden]."""
         head = DraftHead.__new__(DraftHead)
         nn.Module.__init__(head)
-        head.config, head.shared = self.config, self.shared
+        head.config, head.shared, head.layer_type, head._rotary_kwargs = (
+            self.config,
+            self.shared,
+            self.layer_type,
+            self._rotary_kwargs,
+        )
         head.fuse = copy.deepcopy(self.fuse)
         head.layer = copy.deepcopy(self.layer)
         modules = dict(head.layer.named_modules())
@@ -152,7 +166,10 @@ class HeadDrafter(Drafter):
         self.vocab = self.new_vocab()
 
     def new_cache(self) -> kv.BatchCache:
-        return kv.BatchCache(1, self.device)
+        cache = kv.BatchCache(1, self.device)
+        if self.head.layer_type == "sliding_attention" or self.head.layer_type is None:
+            cache.window = getattr(self.head.config, "sliding_window", None)  # as the layer it copies sees
+        return cache
 
     def new_vocab(self) -> DraftVocab:
         return DraftVocab(self.head.shared.lm_head)
