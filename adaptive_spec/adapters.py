@@ -10,7 +10,7 @@ slot, swapped between steps.
 An adapter version is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`)
 plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256` (sha256sum format), and optionally
 `draft_vocab.json`: the tokens recent traffic used, to which the draft's LM head is restricted
-while this adapter is served (see `ModelDrafter.restrict_vocab`), and `draft_ngrams.json`: the
+while this adapter is served (`DraftVocab.restrict`), and `draft_ngrams.json`: the
 n-gram index of the lineage's recent outputs that free drafts copy from (drafters/ngram_index.py,
 `AdapterSlot.ngrams`). Both are checked like the weights: `seal` lists them in checksum.sha256 and
 the metadata (`ngrams_sha256`, `vocab_sha256`), and `verify` refuses a file that does not hash to

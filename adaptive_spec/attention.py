@@ -52,5 +52,6 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 def use(model) -> None:
     """Run `model`'s attention through `grouped_sdpa_forward` (a no-op for other attention kinds)."""
-    if getattr(model.config, "_attn_implementation", None) in ("sdpa", NAME):
-        model.set_attn_implementation(NAME)
+    stock = ("sdpa", NAME, "adaptive_spec_exact")  # an early exit copies the config of an invariant target
+    if getattr(model.config, "_attn_implementation", None) in stock and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(NAME)  # a draft head shares its target's config, set there

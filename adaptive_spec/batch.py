@@ -38,6 +38,7 @@ from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.adapter_slots import AdapterSlot
 from adaptive_spec.constraints import Constraints
 from adaptive_spec.drafters import Proposal, no_proposal
+from adaptive_spec.prefill import ChunkedPrefill
 from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
 from adaptive_spec.sampling import logits_to_probs
 from adaptive_spec.stats import RequestStats, StepStats
@@ -56,7 +57,7 @@ class Row:
     started: float
     out: list[int] = field(default_factory=list)
     finish: str | None = None
-    features: Features | None = None  # the target's hidden state at each context position, for a head draft
+    draft_state: object = None  # what the drafter keeps for this row (the head: the target's states)
     adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
     constraints: Constraints | None = None  # penalties, logit bias, grammar: applied to target and draft logits
     free_alpha: float = 0.5  # its acceptance estimate of free proposals (ngram+ drafts), for dynamic k
@@ -86,37 +87,6 @@ class Row:
         return limit
 
 
-class Features:
-    """A row's target hidden states by position, `[positions, hidden]`, grown by appending.
-
-    A head draft reads the target's hidden state at position t - 1 to draft token t + 1
-    (drafters/head.py). The target computes them while prefilling and verifying; a row keeps
-    every one of its context (2.3 KB per token for the default model in fp32), so that a head
-    whose cache was cleared (an adapter swap) can catch up without running the target again.
-    """
-
-    def __init__(self, first: torch.Tensor):
-        self._data = first.clone()  # [capacity, hidden]
-        self.length = first.shape[0]
-
-    def append(self, states: torch.Tensor) -> None:
-        """states: [m, hidden], the positions right after the last one held."""
-        needed = self.length + states.shape[0]
-        if needed > self._data.shape[0]:
-            grown = self._data.new_empty((max(needed, 2 * self._data.shape[0]), self._data.shape[1]))
-            grown[: self.length] = self._data[: self.length]
-            self._data = grown
-        self._data[self.length : needed] = states
-        self.length = needed
-
-    def get(self, start: int, stop: int) -> torch.Tensor:
-        """Positions [start, stop), `[stop - start, hidden]`; position -1 (before the first token) is zeros."""
-        if start >= 0:
-            return self._data[start:stop]
-        zeros = self._data.new_zeros((-start, self._data.shape[1]))
-        return torch.cat([zeros, self._data[:stop]])
-
-
 class Batch:
     def __init__(self, engine, max_rows: int):
         if max_rows < 1:
@@ -130,62 +100,83 @@ class Batch:
             if cache is not None:
                 cache.row_capacity = max_rows
         self.last_step = (0, 0)  # (rows, k) of the latest step: what a server's metrics count
-        self.wants_hidden = bool(getattr(engine.drafter, "wants_target_hidden", False))
+        self.drafter = engine.drafter
+        self.wants_hidden = self.drafter is not None and self.drafter.wants_target_hidden
         self._verified_hidden: list[torch.Tensor] | None = None  # per row [k + 1, hidden], from the last verify
+        self.prefills = ChunkedPrefill(engine.target, self.wants_hidden)  # long prompts joining a busy batch
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.prefills)
 
     @property
     def full(self) -> bool:
-        return len(self.rows) >= self.max_rows
+        return len(self) >= self.max_rows
 
     # ---------------------------------------------------------------- rows come and go
 
     def add(self, request: Request) -> Row:
-        """Prefill a request's prompt into a new row; it decodes from the next step on."""
+        """Prefill a request's prompt into a new row; it decodes from the next step on. A long
+        prompt arriving while other rows decode is prefilled a chunk per step instead (prefill.py)."""
+        if self.full:
+            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         row = self._new_row(request)
+        if self.prefills.worth_staging(len(row.ids), len(self.rows)):
+            self.prefills.stage(row)
+            return row
+        self._join(row)
         if len(row.ids) > 1:
             started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
             out = kv.feed(self.engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
-            if self.wants_hidden:
-                row.features = Features(out[1][0])  # positions 0 .. len - 2
+            if self.drafter is not None:
+                self.drafter.on_prefill(row, out[1][0] if self.wants_hidden else None)  # positions 0 .. len - 2
             row.stats.prefill_s = self.engine.clock() - started
         return row
+
+    def _join_staged(self) -> None:
+        """Feed one chunk of a staged prompt; a prompt whose last chunk is in joins the batch."""
+        finished = self.prefills.advance(self.engine.clock)
+        if finished is None:
+            return
+        row, states, seconds = finished
+        self._join(row)
+        self.prefills.copy_into(self.target_cache, row.slot)
+        if self.drafter is not None:
+            self.drafter.on_prefill(row, states)
+        row.stats.prefill_s = seconds
 
     def add_group(self, requests: list[Request]) -> list[Row]:
         """Rows for requests that share one prompt (OpenAI's `n`): the first is prefilled, the others
         copy its cache, so the prompt is computed once."""
-        if len(self.rows) + len(requests) > self.max_rows:
-            raise RuntimeError(f"the batch has room for {self.max_rows - len(self.rows)} rows, not {len(requests)}")
+        if len(self) + len(requests) > self.max_rows:
+            raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
         first = self.add(requests[0])
         rows = [first]
         for request in requests[1:]:
             if request.prompt_ids != first.request.prompt_ids:
                 raise ValueError("a group of rows shares one prompt")
+            if first in self.prefills:  # its prompt is staged: the copies are prefilled on their own
+                rows.append(self.add(request))
+                continue
             row = self._new_row(request)
+            self._join(row)
             self.target_cache.copy_row(first.slot, row.slot)
-            if first.features is not None:
-                row.features = Features(first.features.get(0, first.features.length))
+            if self.drafter is not None:
+                self.drafter.on_copy_row(first, row)
             rows.append(row)
         return rows
 
     def _new_row(self, request: Request) -> Row:
-        if self.full:
-            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
-        engine = self.engine
-        adapter = engine.adapters.for_domain(request.domain) if engine.drafter is not None else None
-        row = Row(
-            request,
-            len(self.rows),
-            0.0,
-            list(request.prompt_ids),
-            RequestStats(adapter_version=None if adapter is None else adapter.version),
-            Trace(engine.record_topk, request.logprobs),
-            time.perf_counter(),
-            adapter=adapter,
-        )
-        row.alpha = engine.policy.alpha_for(row.key, None if adapter is None else adapter.gated_alpha)
+        """A row for a request, not yet in the batch (no slot: `_join` gives it one)."""
+        trace = Trace(self.engine.record_topk, request.logprobs)
+        return Row(request, -1, 0.0, list(request.prompt_ids), RequestStats(), trace, time.perf_counter())
+
+    def _join(self, row: Row) -> None:
+        """Give a new row its slot, adapter, acceptance estimates and constraints."""
+        engine, request = self.engine, row.request
+        row.slot = len(self.rows)
+        row.adapter = engine.adapters.for_domain(request.domain) if self.drafter is not None else None
+        row.stats.adapter_version = None if row.adapter is None else row.adapter.version
+        row.alpha = engine.policy.alpha_for(row.key, None if row.adapter is None else row.adapter.gated_alpha)
         row.free_alpha = engine.policy.free_alpha_for(row.key)
         if request.penalties.active or request.grammar is not None:
             matcher = None if request.grammar is None else request.grammar.new_matcher()
@@ -196,10 +187,11 @@ class Batch:
         if self.draft_cache is not None:
             self.draft_cache.add_row()  # the draft catches up lazily, on the row's first proposal
         self.rows.append(row)
-        return row
 
     def remove(self, row: Row) -> None:
         """Take a row out (finished, cancelled or timed out); the last row moves into its slot."""
+        if self.prefills.remove(row):
+            return
         slot = row.slot
         if slot >= len(self.rows) or self.rows[slot] is not row:
             return
@@ -229,6 +221,7 @@ class Batch:
 
     def step(self) -> list[tuple[Row, Chunk]]:
         """Advance every row by one speculative step; finished rows leave the batch."""
+        self._join_staged()
         if not self.rows:
             return []
         with self.engine.step_lock:
@@ -249,38 +242,20 @@ class Batch:
         return results
 
     def _choose_k(self) -> tuple[list[int], list[list[int]] | None]:
-        """Per row, how many tokens to draft and (ngram+ drafts) its free proposal or [] for the model's."""
-        engine, policy = self.engine, self.engine.policy
-        limits = [row.draft_limit(engine.max_context, engine.drafter is not None) for row in self.rows]
-        dynamic = [i for i, row in enumerate(self.rows) if row.request.k is None]
+        """Per row, how many tokens to draft and, for a draft with free proposals, the one it copies or []."""
+        policy, drafter = self.engine.policy, self.drafter
+        limits = [row.draft_limit(self.engine.max_context, drafter is not None) for row in self.rows]
         fixed = [row.request.k for row in self.rows]
-        matches_of = getattr(engine.drafter, "matches", None)
-        if matches_of is None:
-            profiles = [policy.profile_for(self.rows[i].key, self.rows[i].alpha) for i in dynamic]
-            k = policy.choose(profiles, [limits[i] for i in dynamic]) if dynamic else 0
-            return [min(k if want is None else want, lim) for want, lim in zip(fixed, limits, strict=True)], None
         caps = [min(lim, policy.k_max if want is None else want) for want, lim in zip(fixed, limits, strict=True)]
-        free = matches_of(self.rows, caps)  # a row of fixed k uses its match whenever it has one
-        ks = [0 if want is None else min(want, lim) for want, lim in zip(fixed, limits, strict=True)]
-        if dynamic:
-            rows = [self.rows[i] for i in dynamic]
-            profiles = [policy.profile_for(row.key, row.alpha) for row in rows]
-            chosen, use_free = policy.choose_sources(profiles, [limits[i] for i in dynamic],
-                                                     [row.free_alpha for row in rows], [len(free[i]) for i in dynamic])  # fmt: skip
-            for i, k, copies in zip(dynamic, chosen, use_free, strict=True):
-                ks[i] = k
-                if not copies:
-                    free[i] = []
-        return ks, free
+        free = drafter.free_proposals(self.rows, caps) if drafter is not None else None
+        profiles = [policy.profile_for(row.key, row.alpha) if row.request.k is None else None for row in self.rows]
+        return policy.plan(fixed, limits, profiles, [row.free_alpha for row in self.rows], free)
 
     def _draft(self, ks: list[int], free: list[list[int]] | None) -> tuple[list[Proposal], float]:
         if not any(ks):
             return [no_proposal(self.engine.device) for _ in self.rows], 0.0
         started = self.engine.clock()
-        if free is None:
-            proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks)
-        else:
-            proposals = self.engine.drafter.propose(self.draft_cache, self.rows, ks, free)
+        proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free)
         return proposals, self.engine.clock() - started
 
     def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
@@ -318,7 +293,6 @@ class Batch:
     def _commit(self, proposals: list[Proposal], verdicts: list[Verdict]) -> list[list[int]]:
         """Extend each row's context and roll its caches back to it; return the emitted tokens."""
         emitted = []
-        keep_after_commit = getattr(self.engine.drafter, "keep_after_commit", None)
         for i, (row, proposal, verdict) in enumerate(zip(self.rows, proposals, verdicts, strict=True)):
             tokens = [*proposal.tokens[: verdict.num_accepted].tolist(), verdict.next_token]
             before = len(row.ids)
@@ -326,16 +300,9 @@ class Batch:
             if row.constraints is not None:
                 row.constraints.commit(tokens)
             self.target_cache.set_length(row.slot, len(row.ids) - 1)
-            if self._verified_hidden is not None:  # the pending token's and the accepted drafts' states
-                states = self._verified_hidden[i][: verdict.num_accepted + 1]
-                if row.features is None:
-                    row.features = Features(states)
-                else:
-                    row.features.append(states)
-            if self.draft_cache is not None:
-                valid = keep_after_commit(before, len(row.ids)) if keep_after_commit else len(row.ids) - 1
-                drafted = self.draft_cache.lengths[row.slot]
-                self.draft_cache.set_length(row.slot, min(drafted, valid))
+            if self.drafter is not None:  # kept: the pending token's and the accepted drafts' states
+                kept = None if self._verified_hidden is None else self._verified_hidden[i][: verdict.num_accepted + 1]
+                self.drafter.on_commit(self.draft_cache, row, before, kept)
             emitted.append(tokens)
         return emitted
 

@@ -136,6 +136,7 @@ REDIS_URL_ENV = "REDIS_URL"
 MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 ENV_PREFIX = "ADAPTIVE_SPEC_"  # every other setting: ADAPTIVE_SPEC_<FIELD>
 DATA_DIR_ENV = ENV_PREFIX + "DATA_DIR"
+COMPILE_ENV = ENV_PREFIX + "COMPILE"  # 0: decode eagerly (tests; a machine without a C++ compiler)
 
 
 def redact_url(url: str) -> str:

@@ -256,6 +256,41 @@ class DynamicK:
             return best_k
         return 1 if self._probe_due() else 0
 
+    def plan(
+        self,
+        fixed: list[int | None],
+        limits: list[int],
+        profiles: list,
+        free_alphas: list[float],
+        free: list[list[int]] | None,
+    ) -> tuple[list[int], list[list[int]] | None]:
+        """The step's plan for a batch: per row, how many tokens to draft, and (when the draft has free
+        proposals, `free` not None) the free proposal each row copies, [] for the model's.
+
+        `fixed[i]` is a request's own k (None: dynamic), `limits[i]` the most it may draft now,
+        `profiles[i]` and `free_alphas[i]` its acceptance estimates (profile_for, free_alpha_for).
+        Rows of fixed k draft min(k, limit), copying their match whenever they have one; the dynamic
+        rows share one k (`choose`), or choose row by row between their match and the model
+        (`choose_sources`)."""
+        dynamic = [i for i, want in enumerate(fixed) if want is None]
+        if free is None:
+            k = self.choose([profiles[i] for i in dynamic], [limits[i] for i in dynamic]) if dynamic else 0
+            return [min(k if want is None else want, lim) for want, lim in zip(fixed, limits, strict=True)], None
+        ks = [0 if want is None else min(want, lim) for want, lim in zip(fixed, limits, strict=True)]
+        free = list(free)
+        if dynamic:
+            chosen, use_free = self.choose_sources(
+                [profiles[i] for i in dynamic],
+                [limits[i] for i in dynamic],
+                [free_alphas[i] for i in dynamic],
+                [len(free[i]) for i in dynamic],
+            )
+            for i, k, copies in zip(dynamic, chosen, use_free, strict=True):
+                ks[i] = k
+                if not copies:
+                    free[i] = []
+        return ks, free
+
     def _model_drafted(self) -> None:
         """The model draft pays this step: the wait for the next probe starts over."""
         self._plain_steps, self._probe_wait = 0, 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 import weakref
@@ -28,20 +29,16 @@ from pathlib import Path
 
 import torch
 
-from adaptive_spec import attention, cpu_linear, exact
+from adaptive_spec import attention, compiled, cpu_linear, exact, kv
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
-from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
-from adaptive_spec.drafters.build import make_drafter, model_drafter, vocab_size
-from adaptive_spec.drafters.free_first import FreeFirstDrafter
-from adaptive_spec.drafters.head import HeadDrafter
-from adaptive_spec.drafters.model import ModelDrafter
-from adaptive_spec.drafters.ngram import NgramDrafter
+from adaptive_spec.contracts import COMPILE_ENV, DEFAULT_DRAFT, DEFAULT_MODEL
+from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import GrammarError, Grammars
-from adaptive_spec.models import load_model, resolve_device, serving_dtype
+from adaptive_spec.models import data_dir, load_model, resolve_device, serving_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
@@ -74,34 +71,40 @@ class Engine:
         record_topk: int = 0,
         eos_token_id: int | list[int] | None = None,
         max_adapters: int = 8,
+        compile: bool = False,
+        compile_dir: Path | str | None = None,
     ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size(target)
         self.dtype = next(target.parameters()).dtype
-        # Reduced precision needs batch-invariant kernels to stay lossless (exact.py); fp32 keeps the
-        # fastest kernels per shape, whose rounding differences (~1e-6) almost never swap two logits.
         self.reduced_precision = self.dtype in (torch.bfloat16, torch.float16)
-        if self.reduced_precision:
-            exact.install(self.target)
+        # Reduced precision needs batch-invariant kernels to stay lossless (exact.py), and a compiled
+        # step is built on them; eager fp32 keeps the fastest kernels per shape, whose rounding
+        # differences (~1e-6) almost never swap two logits.
+        invariant = self.reduced_precision or compile
+        if invariant:
+            exact.install(self.target)  # before a draft copies any of its layers
         self.drafter = make_drafter(draft, target, self.vocab_size, self.device)
-        core = self.drafter.model if isinstance(self.drafter, FreeFirstDrafter) else self.drafter  # the model draft
-        for model in (self.target, core.model) if isinstance(core, ModelDrafter) else (self.target,):
+        drafts = self.drafter.models() if self.drafter is not None else []
+        for model in drafts if invariant else [self.target, *drafts]:
             if self.reduced_precision:
                 exact.install(model)
             else:
                 cpu_linear.install(model)  # fp32 on the CPU only: the faster product order per row count, timed once
                 attention.use(model)  # a padded batch's masked attention without copying K/V per query head
-        if isinstance(core, HeadDrafter) and not self.reduced_precision:
-            cpu_linear.install(core.head)  # its attention follows the target's config, which it shares
+        if compile:
+            compiled.install(self.target, compile_dir)
         self._exactness: exact.InvarianceReport | None = None
-        if self.reduced_precision:  # measured now: a server must not claim exactness it does not have
+        if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
         self.k = k
-        self.policy = DynamicK(k_max=k_max, prior_draft_cost=0.0 if isinstance(self.drafter, NgramDrafter) else 0.3)
+        self.policy = DynamicK(k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3)
         self.target_id = target_id
-        self.draft_id = draft_id or (draft if isinstance(draft, str) else getattr(self.drafter, "name", "model"))
+        self.draft_id = draft_id or (
+            draft if isinstance(draft, str) else self.drafter.name if self.drafter else "model"
+        )
         self.record_topk = record_topk
         self.adapters = AdapterSlots(max_adapters)  # the general adapter and one per domain (adapter_slots.py)
         self.max_context = getattr(target.config, "max_position_embeddings", None)
@@ -118,32 +121,43 @@ class Engine:
         draft: str | None = DEFAULT_DRAFT,
         device: str = "auto",
         dtype: str = "auto",
+        compile: bool | None = None,
         **kwargs,
     ) -> Engine:
-        """Load by name: the built-in default, a Hugging Face id or local directory, or a .gguf file."""
+        """Load by name: the built-in default, a Hugging Face id or local directory, or a .gguf file.
+
+        The fast path is the default: `dtype="auto"` serves bf16 where the device computes it natively
+        and the exactness check passes (fp32 otherwise), and `compile=None` compiles the decoding step
+        unless ADAPTIVE_SPEC_COMPILE=0 (compiled code is cached under the data directory's `compile/`)."""
+        if compile is None:
+            compile = os.environ.get(COMPILE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        if compile:
+            kwargs.setdefault("compile_dir", data_dir() / "compile")
         dev = resolve_device(device)
         dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
-        draft_model = draft
+        drafter = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
             spec = parse_draft_spec(draft)
-            draft_model, _ = load_model(spec.source, dev, dt)
-            if spec.free_first:
-                draft_model = FreeFirstDrafter(
-                    NgramDrafter(spec.max_ngram, dev), model_drafter(draft_model, vocab_size(model), spec.source)
-                )
+            drafter = loaded_drafter(spec, load_model(spec.source, dev, dt)[0], vocab_size(model))
         engine = cls(
             model,
-            draft_model,
+            drafter,
             tokenizer,
             target_id=target,
             draft_id=draft if isinstance(draft, str) else None,
+            compile=compile,
             **kwargs,
         )
         if dtype == "auto" and dev.type == "cpu" and engine.reduced_precision and not engine.exactness.exact:
             log.warning("serving fp32: %s", engine.exactness.summary())
-            return cls.from_pretrained(target, draft, device, "fp32", **kwargs)
+            return cls.from_pretrained(target, draft, device, "fp32", compile, **kwargs)
         return engine
+
+    @property
+    def path(self) -> str:
+        """How the target's decoding steps run: "compiled" (compiled.py) or "eager"."""
+        return "compiled" if self.target in kv.COMPILED else "eager"
 
     @property
     def exactness(self) -> exact.InvarianceReport:
@@ -279,7 +293,7 @@ class Engine:
         return self._swap(domain, None)
 
     def _adaptable_drafter(self):
-        if not hasattr(self.drafter, "build_weights"):
+        if self.drafter is None or not self.drafter.takes_adapters:
             from adaptive_spec.adapters import AdapterError
 
             raise AdapterError("adapters need a model draft (early-exit:N, head or a separate model)")

@@ -142,8 +142,9 @@ def install(model: nn.Module, row_chunk: int | None = None) -> None:
     """Run `model`'s masked attention through `attention` and its linears through `linear`.
     Idempotent; `row_chunk` may be changed by installing again. Bound per module instance, so a
     deep copy of a layer (early-exit drafts, the head) carries it."""
-    if getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager", "adaptive_spec_sdpa", NAME):
-        model.set_attn_implementation(NAME)
+    stock = ("sdpa", "eager", "adaptive_spec_sdpa", NAME)
+    if getattr(model.config, "_attn_implementation", None) in stock and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(NAME)  # a draft head shares its target's config, set there
     for module in model.modules():
         if type(module) is nn.Linear:
             module._exact_row_chunk = row_chunk

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from contextlib import contextmanager
 
 import torch
 
 GROW = 256  # tokens of capacity added at a time
+COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled step (compiled.py)
 
 
 class BatchCache:
@@ -50,11 +52,21 @@ class BatchCache:
         self._active: slice | torch.Tensor = slice(0, 0)  # the rows the running forward covers
         self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
         self._kv_len = 0  # positions the running forward attends over
+        self._whole = False  # the running forward covers rows 0..n-1 and attends over the whole capacity
+        # Sliding-window attention (Mistral, Gemma 3...): a key is visible to a query at position p only
+        # from position p - window + 1 on. Models with several layer types (layer_types) take one mask per
+        # type ("full_attention", "sliding_attention"), as their own mask builders would make them.
+        self.window: int | None = None
+        self.layer_types: list[str] | None = None
 
     @classmethod
     def for_model(cls, model) -> BatchCache:
-        cache = cls(model.config.num_hidden_layers, next(model.parameters()).device)
-        cache.max_positions = getattr(model.config, "max_position_embeddings", None)
+        config = model.config
+        cache = cls(config.num_hidden_layers, next(model.parameters()).device)
+        cache.max_positions = getattr(config, "max_position_embeddings", None)
+        cache.window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        cache.layer_types = sorted(set(layer_types)) if layer_types else None
         return cache
 
     # ------------------------------------------------------------------ rows
@@ -87,6 +99,22 @@ class BatchCache:
                     layer[target, :, :n] = layer[source, :, :n]
         self.lengths[target] = n
 
+    @torch.inference_mode()
+    def copy_from(self, source: BatchCache, source_row: int, row: int) -> None:
+        """Row `row` now holds row `source_row` of another cache of the same model (a staged prefill)."""
+        n = source.lengths[source_row]
+        self._reserve(len(self.lengths), max(n, 1))
+        for mine, theirs in ((self.keys, source.keys), (self.values, source.values)):
+            for layer, (buffer, other) in enumerate(zip(mine, theirs, strict=True)):
+                if other is None or not n:
+                    continue
+                if buffer is None:
+                    self._allocate(layer, other)
+                    self._reserve(len(self.lengths), n)
+                    buffer = mine[layer]
+                buffer[row, :, :n] = other[source_row, :, :n]
+        self.lengths[row] = n
+
     def set_length(self, row: int, length: int) -> None:
         """Row `row` now holds `length` valid positions (at most what was written)."""
         self.lengths[row] = length
@@ -97,8 +125,11 @@ class BatchCache:
 
     # ------------------------------------------------------------------ a forward
 
-    def inputs(self, rows: list[int], fed: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend)
+    def inputs(
+        self, rows: list[int], fed: list[int], width: int, whole: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
+        """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend; per
+        layer type for a model with sliding-window layers: {"full_attention": ..., "sliding_attention": ...})
         for feeding `fed[i]` tokens to row `rows[i]`, right-aligned in `width` columns, and point
         `update` at those rows.
 
@@ -107,27 +138,48 @@ class BatchCache:
         tokens, so their keys land where no real query looks, and the row's real tokens keep
         positions `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2
         tokens in width 4 gets positions [7, 8, 5, 6].
+
+        `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
+        capacity, so that the step's shapes change only when the capacity grows.
         """
         starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
+
         pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
         columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
         positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
         kv_len = int(positions.max()) + 1
         self._reserve(len(self.lengths), kv_len)
+        self._whole = whole
+        if whole:
+            kv_len = self._capacity
+            self._token_rows = torch.arange(len(rows), device=self.device).repeat_interleave(width)  # [n * width]
+            self._token_positions = positions.reshape(-1)  # [n * width]
         self._active = (
             slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=self.device)
         )
         self._positions = positions
         self._kv_len = kv_len
         keys = torch.arange(kv_len, device=self.device)  # [kv_len]
-        mask = keys[None, None, :] <= positions[:, :, None]  # [n, width, kv_len]
-        return positions, mask[:, None]
+        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, width, kv_len]
+        if self.window is None:
+            return positions, mask
+        sliding = mask & (keys[None, None, None, :] > positions[:, None, :, None] - self.window)
+        if self.layer_types is None:  # every layer slides (Mistral)
+            return positions, sliding
+        return positions, {kind: sliding if kind == "sliding_attention" else mask for kind in self.layer_types}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer: write the fed tokens' keys and values, return every
         position the rows may attend to. key_states: [n, kv_heads, fed, head_dim]."""
         if self.keys[layer_idx] is None:
             self._allocate(layer_idx, key_states)
+        if self._whole:  # written so that the compiler sees no Python number that changes between steps
+            n, heads, _, dim = key_states.shape
+            keys, values = self.keys[layer_idx], self.values[layer_idx]
+            # one (row, position) pair per fed token, flat: [n * fed]
+            keys[self._token_rows, :, self._token_positions] = key_states.transpose(1, 2).reshape(-1, heads, dim)
+            values[self._token_rows, :, self._token_positions] = value_states.transpose(1, 2).reshape(-1, heads, dim)
+            return keys[:n], values[:n]
         kv_len = self._kv_len
         out = []
         for buffers, states in ((self.keys, key_states), (self.values, value_states)):
@@ -156,6 +208,17 @@ class BatchCache:
         self.values[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
         self._capacity = shape[2]
 
+    def allocate_for(self, model) -> None:
+        """Allocate every layer's buffers now, as the model's first forward would (a compiled step
+        must not allocate inside the graph)."""
+        config = model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        like = torch.empty((1, heads, 0, dim), dtype=next(model.parameters()).dtype)
+        for layer in range(self.num_layers):
+            if self.keys[layer] is None:
+                self._allocate(layer, like)
+
     def _reserve(self, rows: int, positions: int) -> None:
         """Grow every allocated buffer to hold `rows` rows of `positions` positions."""
         capacity = self._capacity
@@ -183,6 +246,15 @@ def _contiguous(rows: list[int]) -> bool:
 PREFILL_CHUNK = 512  # tokens per forward when one row feeds many (bounds the mask and activations)
 
 
+def prefill_chunks(tokens: int) -> list[slice]:
+    """How a prompt of `tokens` tokens is fed: whole chunks of PREFILL_CHUNK, the remainder last.
+    Example: 1,300 tokens -> [0:512], [512:1024], [1024:1300]. Every prefill of a prompt follows
+    these boundaries (feed, prefill.py), so its keys and values are the same however it is fed."""
+    starts = range(0, max(tokens - PREFILL_CHUNK, 0), PREFILL_CHUNK)
+    last = tokens - (tokens % PREFILL_CHUNK or PREFILL_CHUNK) if tokens > PREFILL_CHUNK else 0
+    return [slice(start, start + PREFILL_CHUNK) for start in starts] + [slice(last, tokens)]
+
+
 @torch.inference_mode()
 def feed(
     model,
@@ -204,17 +276,19 @@ def feed(
     than PREFILL_CHUNK tokens (a prompt) runs in chunks.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
-        tokens, states = feeds[0], []
-        for start in range(0, len(tokens) - PREFILL_CHUNK, PREFILL_CHUNK):
-            chunk = feed(model, cache, rows, [tokens[start : start + PREFILL_CHUNK]], decoder_only=True, hidden=hidden)
+        tokens, states, *head, last = feeds[0], [], *prefill_chunks(len(feeds[0]))
+        for chunk in head:
+            out = feed(model, cache, rows, [tokens[chunk]], decoder_only=True, hidden=hidden)
             if hidden:
-                states.append(chunk[1])
-        last = feed(model, cache, rows, [tokens[-(len(tokens) % PREFILL_CHUNK or PREFILL_CHUNK) :]],
-                    decoder_only=decoder_only, hidden=hidden)  # fmt: skip
-        return (last[0], torch.cat([*states, last[1]], dim=1)) if hidden else last
+                states.append(out[1])
+        out = feed(model, cache, rows, [tokens[last]], decoder_only=decoder_only, hidden=hidden)
+        return (out[0], torch.cat([*states, out[1]], dim=1)) if hidden else out
     fed = [len(f) for f in feeds]
     width = max(fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
+    step = COMPILED.get(model)
+    if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
+        return _compiled_feed(step, model, cache, feeds, hidden)
     positions, mask = cache.inputs(rows, fed, width)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
@@ -229,6 +303,25 @@ def feed(
     for row, n in zip(rows, fed, strict=True):
         cache.set_length(row, cache.lengths[row] + n)
     return (out, captured[0]) if hidden else out
+
+
+COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
+
+
+def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool):
+    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
+    row gets a padding column, so that one graph serves every step (a graph specialised for a
+    width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
+    the step's shape)."""
+    fed = [len(f) for f in feeds]
+    width = max(COMPILED_MIN_WIDTH, *fed)
+    ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
+    cache.allocate_for(model)
+    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True)
+    logits, states = step(ids, positions, mask, cache)  # [n, width, vocab], [n, width, hidden]
+    for row, n in enumerate(fed):
+        cache.set_length(row, cache.lengths[row] + n)
+    return (logits, states) if hidden else logits
 
 
 @contextmanager

@@ -360,7 +360,7 @@ def start_watcher(
     registry that does not answer delays its start by that much at most (the check goes on behind)."""
     if registry is None or settings.adapter_poll_s <= 0:
         return None
-    if not hasattr(engine.drafter, "build_weights"):
+    if engine.drafter is None or not engine.drafter.takes_adapters:
         log.warning("draft %s takes no adapters: not watching the registry", engine.draft_id)
         return None
     watcher = AdapterWatcher(

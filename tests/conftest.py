@@ -21,8 +21,13 @@ import pytest
 import redis
 import torch
 
+from adaptive_spec.contracts import COMPILE_ENV
 from adaptive_spec.record import CorrectionRecord
 from launch.redis import RedisNotInstalled, RedisServer, started_server
+
+# The suite decodes eagerly, in this process and in every server it starts: compiling the default model
+# takes minutes. test_compiled.py compiles a tiny model on purpose; the `compiled` group the default one.
+os.environ.setdefault(COMPILE_ENV, "0")
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,17 @@
 """Drafters propose the next tokens of every row of a batch; the target verifies them.
 
-A drafter has two verbs (cf. transformers `candidate_generator.py`, vLLM `v1/spec_decode/`):
+A drafter subclasses `Drafter` (cf. transformers `candidate_generator.py`, vLLM `v1/spec_decode/`)
+and has two verbs:
 
 - `new_cache()` gives the per-batch state a drafter keeps between steps (a `BatchCache` for a
-  model draft, None for prompt lookup). The batch adds, removes and rolls back its rows
-  together with the target's, so the drafter never sees a row come or go;
+  model draft, None for prompt lookup). The batch adds, removes and copies its rows together
+  with the target's;
 - `propose(cache, rows, ks)` returns up to `ks[i]` tokens after `rows[i].ids` for each row.
+
+Every other hook has a default that does nothing (free proposals, the target's hidden states
+at prefill and commit, the cache rollback at commit, adapters): see `Drafter`. One file per
+kind: `model.py` (a causal LM: a separate model or an early exit), `head.py` (EAGLE-style),
+`ngram.py` (prompt lookup), `free_first.py` (free proposals first, then a model draft).
 
 Each row brings its context (`ids`, whose last token is the pending one), its slot in the
 caches (`slot`), its sampling parameters (`params`), its random generator (`generator`) and the
@@ -51,6 +57,7 @@ class DraftRow(Protocol):
     generator: torch.Generator | None
     adapter: object  # the AdapterSlot the row drafts with; None = the base draft
     constraints: object  # adaptive_spec.constraints.Constraints (penalties, grammar), or None
+    draft_state: object  # what the drafter keeps per row (the head: the target's states); None until it sets it
 
 
 def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[object, list[int]]]:
@@ -62,9 +69,67 @@ def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[objec
     return list(groups.values())
 
 
-class Drafter(Protocol):
-    name: str
+class Drafter:
+    """What the loop (batch.py), the engine and the adapter watcher ask of a draft.
 
-    def new_cache(self): ...
+    A draft kind subclasses this and implements `propose`; every other hook has a default that
+    does nothing, so the loop calls each hook on every drafter and never asks what kind it has.
+    A new draft kind is one file in this package plus a line in `build.py` (its spec), and
+    `spec.py` if it takes a new spec form; `batch.py` and `engine.py` stay as they are.
 
-    def propose(self, cache, rows: Sequence[DraftRow], ks: list[int]) -> list[Proposal]: ...
+    The step calls, per batch: `propose` (draft), then after verify and accept, `on_commit` for
+    each row. Rows join through `on_prefill` (or `on_copy_row` when they share a prompt).
+    """
+
+    name: str = "draft"
+    wants_target_hidden: bool = False  # the target's hidden states reach on_prefill/on_commit
+    takes_adapters: bool = False  # build_weights and new_vocab make adapter versions for it
+    prior_cost: float = 0.3  # a draft forward over a row as a fraction of a target step, until measured
+
+    def new_cache(self):
+        """The per-batch state kept between steps (a kv.BatchCache for a model draft), or None.
+        The batch adds, removes and copies its rows with the target's."""
+        return None
+
+    def propose(
+        self, cache, rows: Sequence[DraftRow], ks: list[int], free: list[list[int]] | None = None
+    ) -> list[Proposal]:
+        """Up to ks[i] tokens after rows[i].ids for each row. `free[i]`, when given, is the row's free
+        proposal that the policy chose to use (free_proposals)."""
+        raise NotImplementedError
+
+    def free_proposals(self, rows: Sequence[DraftRow], limits: list[int]) -> list[list[int]] | None:
+        """Proposals that cost no forward (copied from the context or an n-gram index), at most
+        limits[i] tokens per row, [] where a row has none; None: this draft has no free source."""
+        return None
+
+    def on_prefill(self, row: DraftRow, hidden: torch.Tensor | None) -> None:
+        """A row joined; `hidden` is the target's states at its prompt positions but the last
+        ([len(ids) - 1, hidden]) when wants_target_hidden, else None."""
+
+    def on_copy_row(self, source: DraftRow, row: DraftRow) -> None:
+        """`row` shares `source`'s prompt and starts from a copy of its caches (OpenAI's n)."""
+
+    def on_commit(self, cache, row: DraftRow, before: int, kept_hidden: torch.Tensor | None) -> None:
+        """A step ended: the row's context grew from `before` tokens to len(row.ids). `kept_hidden`
+        is the target's states at the positions it verified and kept ([kept, hidden]) when
+        wants_target_hidden. By default the draft cache keeps what it computed up to the new
+        pending token, since everything before it is now context."""
+        if cache is not None:
+            cache.set_length(row.slot, min(cache.lengths[row.slot], len(row.ids) - 1))
+
+    def models(self) -> list[torch.nn.Module]:
+        """The modules that run the draft's forwards (the engine installs its kernels on them)."""
+        return []
+
+    def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]):
+        """An adapter version's weights, ready to decode with (AdapterError if they do not fit)."""
+        from adaptive_spec.adapters import AdapterError
+
+        raise AdapterError(f"adapters need a model draft (early-exit:N, head or a separate model), not {self.name}")
+
+    def new_vocab(self):
+        """A fresh view of the draft's LM head for an adapter version (drafters/vocab.py)."""
+        from adaptive_spec.adapters import AdapterError
+
+        raise AdapterError(f"{self.name} has no vocabulary to restrict")

@@ -44,7 +44,7 @@ def make_drafter(draft, target, target_vocab: int, device: torch.device) -> Draf
         return FreeFirstDrafter(NgramDrafter(spec.max_ngram, device), drafter) if spec.free_first else drafter
     if isinstance(draft, torch.nn.Module):
         return model_drafter(draft, target_vocab, type(draft).__name__)
-    if hasattr(draft, "propose"):
+    if isinstance(draft, Drafter):
         return draft
     raise DraftSpecError(f"draft must be a spec string, a model or a Drafter, got {type(draft).__name__}")
 
@@ -58,3 +58,12 @@ def model_drafter(draft: torch.nn.Module, target_vocab: int, name: str) -> Model
             f"draft must share the target's tokenizer and vocabulary (or use early-exit:N or ngram)"
         )
     return ModelDrafter(draft.eval().requires_grad_(False), name=name)
+
+
+def loaded_drafter(spec: DraftSpec, draft: torch.nn.Module, target_vocab: int) -> Drafter:
+    """The drafter of a `model` spec whose model is loaded: the model, behind free proposals for
+    `ngram+<model>`."""
+    drafter = model_drafter(draft, target_vocab, spec.source)
+    if spec.free_first:
+        return FreeFirstDrafter(NgramDrafter(spec.max_ngram, next(draft.parameters()).device), drafter)
+    return drafter

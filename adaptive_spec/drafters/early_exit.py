@@ -19,22 +19,23 @@ from torch import nn
 from adaptive_spec.drafters.spec import DraftSpecError
 
 
-def decoder_layers(model) -> nn.ModuleList:
-    """The list of decoder layers of a transformers causal LM of the Llama family."""
+def decoder_layers(model, draft: str = "early-exit:N") -> nn.ModuleList:
+    """The list of decoder layers of a transformers causal LM of the Llama family (Llama, Qwen, Mistral,
+    Gemma 3, Phi-3, Mixtral...); DraftSpecError, naming `draft` and what works instead, for others."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise DraftSpecError(
-            f"early-exit drafts need a decoder whose layers are at `model.model.layers` (Llama, "
-            f"Mistral, Qwen, SmolLM...); {type(model).__name__} has none. Use a separate draft model "
-            f"or `ngram`."
+            f"the {draft} draft needs a decoder whose layers are at `model.model.layers` (Llama, Qwen, "
+            f"Mistral, Gemma 3, Phi-3, Mixtral, SmolLM...); {type(model).__name__} has none. For this "
+            f"model use `ngram` (prompt lookup) or a separate draft model with its vocabulary."
         )
     return layers
 
 
 def build_early_exit(target, num_layers: int):
     """Return a draft model made of the target's first `num_layers` layers, final norm and head."""
-    layers = decoder_layers(target)
+    layers = decoder_layers(target, f"early-exit:{num_layers}")
     if not 1 <= num_layers < len(layers):
         raise DraftSpecError(f"early-exit:N needs 1 <= N < {len(layers)} (the target's layer count), got {num_layers}")
     config = copy.deepcopy(target.config)

@@ -13,10 +13,11 @@ d2, and so on (Li et al., EAGLE, 2024).
     logits = head.logits(states)                          # through the target's norm and LM head
 
 The target's hidden states come from the target's own forwards: the batch captures them while
-prefilling and verifying (`kv.feed(..., hidden=True)`) and keeps them per row (`batch.Features`).
+prefilling and verifying (`kv.feed(..., hidden=True)`) and hands them to the drafter, which keeps
+them per row (`Features`).
 After every verify the head's cache keeps only what it computed from exact states: positions up
 to the pending token. The accepted drafts are fed again next step with the target's states in
-place of the head's own, so every round starts from exact features (`keep_after_commit`).
+place of the head's own, so every round starts from exact features (`HeadDrafter.on_commit`).
 
 Cost: one decoder layer (3.5 M weights on the default model) plus the fuse (0.66 M) and the LM
 head restricted to the traffic's tokens, against 30 layers and a 49152-row head for the target.
@@ -27,6 +28,7 @@ halves); a trained head version (trainer/) replaces both. The target never chang
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from types import SimpleNamespace
 
@@ -34,7 +36,7 @@ import torch
 from torch import nn
 
 from adaptive_spec import kv
-from adaptive_spec.drafters import DraftRow, Proposal, by_adapter
+from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.vocab import DraftVocab
 
@@ -51,7 +53,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.config = target.config
         hidden = target.config.hidden_size
-        layers = decoder_layers(target)
+        layers = decoder_layers(target, "head")
         reference = next(layers[-1].parameters())
         self.fuse = nn.Linear(2 * hidden, hidden, bias=False, device=reference.device, dtype=reference.dtype)
         with torch.no_grad():
@@ -60,9 +62,17 @@ class DraftHead(nn.Module):
         self.layer = copy.deepcopy(layers[-1])
         self.layer.self_attn.layer_idx = 0  # the head's cache has one layer
         self.shared = SimpleNamespace(
-            embed=target.model.embed_tokens, norm=target.model.norm, lm_head=target.get_output_embeddings(),
+            embed=target.model.embed_tokens,
+            norm=target.model.norm,
+            lm_head=target.get_output_embeddings(),
             rotary=target.model.rotary_emb,
-        )  # fmt: skip
+        )
+        # Models with several layer types (Gemma 3: sliding and full attention) keep a rotary embedding
+        # per type; the head is its last layer's type.
+        layer_types = getattr(target.config, "layer_types", None)
+        self.layer_type = layer_types[len(layers) - 1] if layer_types else None
+        takes_type = "layer_type" in inspect.signature(target.model.rotary_emb.forward).parameters
+        self._rotary_kwargs = {"layer_type": self.layer_type} if takes_type else {}
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values=None) -> torch.Tensor:  # fmt: skip
@@ -72,7 +82,7 @@ class DraftHead(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
         fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
-        rotary = self.shared.rotary(fused, position_ids=position_ids)
+        rotary = self.shared.rotary(fused, position_ids=position_ids, **self._rotary_kwargs)
         return self.layer(fused, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=past_key_values, position_embeddings=rotary)  # fmt: skip
 
@@ -81,7 +91,12 @@ class DraftHead(nn.Module):
         its layer and, when given, a new fuse weight [hidden, 2 * hidden]."""
         head = DraftHead.__new__(DraftHead)
         nn.Module.__init__(head)
-        head.config, head.shared = self.config, self.shared
+        head.config, head.shared, head.layer_type, head._rotary_kwargs = (
+            self.config,
+            self.shared,
+            self.layer_type,
+            self._rotary_kwargs,
+        )
         head.fuse = copy.deepcopy(self.fuse)
         head.layer = copy.deepcopy(self.layer)
         modules = dict(head.layer.named_modules())
@@ -98,16 +113,51 @@ class DraftHead(nn.Module):
         return self.shared.lm_head(self.shared.norm(states))
 
 
-class HeadDrafter:
+class Features:
+    """A row's target hidden states by position, `[positions, hidden]`, grown by appending.
+
+    A head draft reads the target's hidden state at position t - 1 to draft token t + 1. The
+    target computes them while prefilling and verifying; a row keeps every one of its context
+    (2.3 KB per token for the default model in fp32), so that a head whose cache was cleared (an
+    adapter swap) can catch up without running the target again.
+    """
+
+    def __init__(self, first: torch.Tensor):
+        self._data = first.clone()  # [capacity, hidden]
+        self.length = first.shape[0]
+
+    def append(self, states: torch.Tensor) -> None:
+        """states: [m, hidden], the positions right after the last one held."""
+        needed = self.length + states.shape[0]
+        if needed > self._data.shape[0]:
+            grown = self._data.new_empty((max(needed, 2 * self._data.shape[0]), self._data.shape[1]))
+            grown[: self.length] = self._data[: self.length]
+            self._data = grown
+        self._data[self.length : needed] = states
+        self.length = needed
+
+    def get(self, start: int, stop: int) -> torch.Tensor:
+        """Positions [start, stop), `[stop - start, hidden]`; position -1 (before the first token) is zeros."""
+        if start >= 0:
+            return self._data[start:stop]
+        zeros = self._data.new_zeros((-start, self._data.shape[1]))
+        return torch.cat([zeros, self._data[:stop]])
+
+
+class HeadDrafter(Drafter):
     """Drafts with a `DraftHead`: one forward per draft token for all the rows that draft with the
     same head version (the base head, or a trained version held in an adapter slot).
 
     A head version is a PEFT adapter directory on `DraftHead`: LoRA on its layer's linears
     (`layer.self_attn.q_proj`, ...) and the fuse saved whole (`modules_to_save=["fuse"]`), with
     the same metadata, checksum and draft vocabulary as an early-exit adapter.
+
+    Each row's `draft_state` is its `Features`: the target's states from the row's prefill
+    (`on_prefill`) and from every verified position it kept (`on_commit`).
     """
 
-    wants_target_hidden = True  # the batch keeps each row's target states (`Row.features`)
+    wants_target_hidden = True
+    takes_adapters = True
 
     def __init__(self, target, name: str = "head"):
         self.head = DraftHead(target).eval().requires_grad_(False)
@@ -116,14 +166,36 @@ class HeadDrafter:
         self.vocab = self.new_vocab()
 
     def new_cache(self) -> kv.BatchCache:
-        return kv.BatchCache(1, self.device)
+        cache = kv.BatchCache(1, self.device)
+        if self.head.layer_type == "sliding_attention" or self.head.layer_type is None:
+            cache.window = getattr(self.head.config, "sliding_window", None)  # as the layer it copies sees
+        return cache
 
     def new_vocab(self) -> DraftVocab:
         return DraftVocab(self.head.shared.lm_head)
 
-    def restrict_vocab(self, token_ids) -> None:
-        """The base head proposes only these tokens (None: any); see `DraftVocab.restrict`."""
-        self.vocab.restrict(token_ids)
+    def models(self) -> list[nn.Module]:
+        return [self.head]
+
+    def on_prefill(self, row: DraftRow, hidden: torch.Tensor | None) -> None:
+        if hidden is not None:  # positions 0 .. len(ids) - 2; a one-token prompt has none yet
+            row.draft_state = Features(hidden)
+
+    def on_copy_row(self, source: DraftRow, row: DraftRow) -> None:
+        if source.draft_state is not None:
+            row.draft_state = Features(source.draft_state.get(0, source.draft_state.length))
+
+    def on_commit(self, cache, row: DraftRow, before: int, kept_hidden: torch.Tensor | None) -> None:
+        """Keep the target's states of the pending token and the accepted drafts; the head's cache
+        keeps only what it computed from exact states, up to the old pending token (position
+        before - 1). The accepted drafts were fed with the head's own predictions and are fed again
+        next step with the target's."""
+        if kept_hidden is not None:
+            if row.draft_state is None:
+                row.draft_state = Features(kept_hidden)
+            else:
+                row.draft_state.append(kept_hidden)
+        cache.set_length(row.slot, min(cache.lengths[row.slot], before))
 
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> DraftHead:
         """A head version, ready to decode with. Raises AdapterError if it does not fit this head."""
@@ -146,14 +218,10 @@ class HeadDrafter:
             )
         return self.head.with_weights(weight, pairs)
 
-    def keep_after_commit(self, before: int, after: int) -> int:
-        """Cache positions still valid once a row's context grew from `before` to `after` tokens:
-        those fed with the target's own states, up to the old pending token (position before - 1).
-        The accepted drafts were fed with the head's predictions and are fed again."""
-        return before
-
     @torch.inference_mode()
-    def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+    def propose(
+        self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+    ) -> list[Proposal]:
         ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds, fed = {}, {}
@@ -197,10 +265,10 @@ class HeadDrafter:
     def _target_states(self, row: DraftRow, start: int) -> torch.Tensor:
         """The target's states at positions start - 1 .. len(ids) - 2: the inputs beside tokens
         start .. len(ids) - 1. A row whose prompt is one token has none yet (zeros before it)."""
-        if row.features is None:
+        if row.draft_state is None:
             hidden = self.head.config.hidden_size
             return torch.zeros(len(row.ids) - start, hidden, dtype=self.head.fuse.weight.dtype, device=self.device)
-        return row.features.get(start - 1, len(row.ids) - 1)
+        return row.draft_state.get(start - 1, len(row.ids) - 1)
 
     def _feed(
         self,

@@ -7,13 +7,13 @@ from contextlib import contextmanager
 import torch
 
 from adaptive_spec import kv
-from adaptive_spec.drafters import DraftRow, Proposal, by_adapter
+from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unseen context than this catches up in a forward of its own
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts k tokens per row autoregressively: one forward per draft step for all the rows that
     draft with the same adapter (the base layers, or an adapter's merged copy of them).
 
@@ -26,6 +26,8 @@ class ModelDrafter:
     than CATCH_UP_ALONE unseen tokens (its prompt, the first time it drafts) first feeds all but
     its last one alone, so that one long row does not pad every other row to its length.
     """
+
+    takes_adapters = True
 
     def __init__(self, model, name: str = "model"):
         self.model = model
@@ -40,9 +42,8 @@ class ModelDrafter:
     def new_vocab(self) -> DraftVocab:
         return DraftVocab(self.model.get_output_embeddings())
 
-    def restrict_vocab(self, token_ids) -> None:
-        """The base draft proposes only these tokens (None: any); see `DraftVocab.restrict`."""
-        self.vocab.restrict(token_ids)
+    def models(self) -> list[torch.nn.Module]:
+        return [self.model]
 
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> torch.nn.ModuleList:
         """An adapter's weights, ready to decode with: a copy of the base layers with its LoRA
@@ -69,7 +70,9 @@ class ModelDrafter:
             self.model.model.layers = self.base_layers
 
     @torch.inference_mode()
-    def propose(self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+    def propose(
+        self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+    ) -> list[Proposal]:
         ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
         feeds = {i: rows[i].ids[cache.lengths[rows[i].slot] :] for i in drafting}

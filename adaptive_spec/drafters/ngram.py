@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_spec.drafters import DraftRow, Proposal
+from adaptive_spec.drafters import Drafter, DraftRow, Proposal
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Drafts by copying, with no model (cf. transformers `PromptLookupCandidateGenerator`).
 
     Example: the context ends in [..., 17, 4, 9] and earlier holds [17, 4, 9, 31, 5, 8, 2]. With
@@ -17,6 +17,8 @@ class NgramDrafter:
     Each row looks up in its own context only.
     """
 
+    prior_cost = 0.0  # no forward: a proposal costs only its verify slots
+
     def __init__(self, max_ngram: int = 3, device: torch.device | str = "cpu"):
         if max_ngram < 1:
             raise ValueError(f"ngram size must be >= 1, got {max_ngram}")
@@ -24,10 +26,9 @@ class NgramDrafter:
         self.device = torch.device(device)
         self.name = f"ngram:{max_ngram}"
 
-    def new_cache(self) -> None:
-        return None
-
-    def propose(self, cache, rows: list[DraftRow], ks: list[int]) -> list[Proposal]:
+    def propose(
+        self, cache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+    ) -> list[Proposal]:
         return [
             Proposal(torch.tensor(self.lookup(row.ids, k), dtype=torch.long, device=self.device), None)
             for row, k in zip(rows, ks, strict=True)

@@ -24,7 +24,7 @@ import torch
 from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, InputError, kv
-from adaptive_spec.drafters import Proposal
+from adaptive_spec.drafters import Drafter, Proposal
 from adaptive_spec.drafters.early_exit import DraftSpecError
 from adaptive_spec.drafters.model import ModelDrafter
 
@@ -83,11 +83,11 @@ def first_difference(a: list[int], b: list[int]) -> str:
     return f"first difference at {i}: speculative {a[i : i + 5]} vs plain {b[i : i + 5]}"
 
 
-class AlwaysWrongDrafter:
+class AlwaysWrongDrafter(Drafter):
     """Proposes, first, a token the target is guaranteed not to pick: its greedy token plus one.
 
-    Implements the Drafter protocol with no cache: each `propose` runs the target on each row's
-    whole context. The tokens after the first are arbitrary, since nothing after a rejection counts.
+    A Drafter with no cache and no other hook: each `propose` runs the target on each row's whole
+    context. The tokens after the first are arbitrary, since nothing after a rejection counts.
     """
 
     name = "always-wrong"
@@ -96,11 +96,8 @@ class AlwaysWrongDrafter:
         self.model = model
         self.vocab = model.config.vocab_size
 
-    def new_cache(self) -> None:
-        return None
-
     @torch.inference_mode()
-    def propose(self, cache, rows, ks: list[int]) -> list[Proposal]:
+    def propose(self, cache, rows, ks: list[int], free=None) -> list[Proposal]:
         proposals = []
         for row, k in zip(rows, ks, strict=True):
             greedy = int(self.model(input_ids=torch.tensor([row.ids])).logits[0, -1].argmax())

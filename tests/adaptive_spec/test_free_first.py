@@ -44,7 +44,7 @@ def test_a_row_with_a_match_copies_and_the_others_use_the_model() -> None:
     fresh = batch.add(engine.request([1, 2, 3, 4], max_new_tokens=8))  # no repeat: nothing to copy
     indexed = batch.add(engine.request([9, 10, 11], max_new_tokens=8))
     indexed.adapter = AdapterSlot(
-        "1", "sql", engine.drafter.head, engine.drafter.vocab, None, ngrams={(10, 11): [60, 61, 62]}
+        "1", "sql", engine.drafter.model.head, engine.drafter.model.vocab, None, ngrams={(10, 11): [60, 61, 62]}
     )
     copied, modelled, from_index = engine.drafter.propose(batch.draft_cache, batch.rows, [2, 2, 3])
     assert copied.tokens.tolist() == [33, 8] and copied.forwards == 0

@@ -163,7 +163,7 @@ class StreamIntake:
 
         A domain's traffic uses a small part of the vocabulary: 64-token answers to a few hundred
         prompts of one kind touch about a thousand of the default model's 49152 tokens. A promoted
-        draft is restricted to them (`ModelDrafter.restrict_vocab`), which makes its step much cheaper.
+        draft is restricted to them (`DraftVocab.restrict`, drafters/vocab.py), which makes its step much cheaper.
         """
         return target_tokens(self.buffer, self.holdout)
 

@@ -1,0 +1,136 @@
+"""Compiled decoding steps: the target's verify forward through torch.compile (inductor).
+
+A decoding step of the default model in eager PyTorch dispatches about 1,800 operators (norms,
+projections, rotary, the cache write, attention, the MLP, residuals, 30 times over), and on a
+2-core CPU the dispatching, not the weights, is most of its cost. Compiled, the pointwise work
+of each layer fuses into a few C++ kernels, and the matrix products stay the library's.
+
+    from adaptive_spec import compiled
+    compiled.install(model, cache_dir=data_dir / "compile")   # kv.feed runs its steps compiled from now on
+
+What runs compiled: a step over every row of a batch (`kv.feed` with rows 0..n-1, as every verify
+and plain step is), from the embedding to the logits of every fed position, plus the states that
+enter the final norm (what a head draft reads). Prefill (one row, many tokens) and the drafts'
+forwards run eager. That split is the same for the target alone and for speculation, so outputs
+still compare token for token.
+
+Shapes: one graph serves every number of rows, tokens per row and cache capacity (dynamic
+dimensions, without the usual specialisation of size 1, `backed_size_oblivious`): the step attends
+over the cache's whole capacity, which grows in multiples of 256 positions, with the mask hiding
+what a row may not see. Exactness holds because the graph is the same for every shape and its
+attention is the batch-invariant kernel of exact.py, called as an opaque operator
+(`adaptive_spec::attention`) that the compiler does not rewrite; `exact.check` measures it on the
+compiled path like on the eager one.
+
+Compiled code is cached under `cache_dir` (inductor's FX graph cache), so only a server's first
+start pays for compiling: about N s on the default model on 2 cores, seconds after that.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from adaptive_spec import exact, kv
+
+log = logging.getLogger(__name__)
+
+
+@torch.library.custom_op("adaptive_spec::attention", mutates_args=())
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:  # fmt: skip  # torch.library reads the annotations
+    """exact.attention as one operator: [n, heads, q, d] -> [n, q, heads, d]."""
+    groups = query.shape[1] // key.shape[1]
+    module = _Groups(groups)
+    return exact.attention(module, query, key, value, mask, scaling=scaling)[0]
+
+
+@attention_op.register_fake
+def _(query, key, value, mask, scaling):
+    n, heads, q, d = query.shape
+    return query.new_empty((n, q, heads, d))
+
+
+class _Groups:
+    def __init__(self, groups: int):
+        self.num_key_value_groups = groups
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    """The attention interface of a compiled model: the invariant kernel as one opaque operator."""
+    if attention_mask is None or attention_mask.dtype != torch.bool or softcap is not None:
+        return exact.attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
+    return attention_op(query, key, value, attention_mask, float(scaling if scaling is not None else query.shape[-1] ** -0.5)), None  # fmt: skip
+
+
+NAME = "adaptive_spec_compiled"
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, _attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+
+
+_register()
+
+
+class CompiledStep:
+    """`model`'s step over rows 0..n-1 of a cache, compiled: (logits [n, width, vocab], the states
+    entering the final norm [n, width, hidden])."""
+
+    def __init__(self, model: nn.Module):
+        decoder = model.model if hasattr(model, "model") else model.get_decoder()
+        self.norm = decoder.norm
+        self.lm_head = model.get_output_embeddings()
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        # the decoder without its final norm: its output is what enters the norm
+        self.decoder = copy.copy(decoder)
+        self.decoder._modules = dict(decoder._modules)
+        self.decoder._modules["norm"] = nn.Identity()
+        self.calls = 0
+        self._step = torch.compile(self._forward, dynamic=True)
+
+    def _forward(self, ids, positions, mask, cache):
+        states = self.decoder(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+        ).last_hidden_state
+        logits = self.lm_head(self.norm(states))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits, states
+
+    def __call__(self, ids, positions, mask, cache):
+        started = time.perf_counter() if self.calls == 0 else None
+        with torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False):
+            out = self._step(ids, positions, mask, cache)
+        if started is not None:
+            log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
+        self.calls += 1
+        return out
+
+
+def install(model: nn.Module, cache_dir: Path | str | None = None) -> CompiledStep:
+    """Run `model`'s full-batch steps compiled (kv.feed); its attention becomes the invariant kernel
+    behind an opaque operator. `cache_dir` keeps compiled code between processes."""
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    exact.install(model)
+    model.set_attn_implementation(NAME)
+    step = CompiledStep(model)
+    kv.COMPILED[model] = step
+    return step
+
+
+def uninstall(model: nn.Module) -> None:
+    """Back to the eager invariant kernels."""
+    kv.COMPILED.pop(model, None)
+    model.set_attn_implementation(exact.NAME)

@@ -1,0 +1,95 @@
+"""Chunked prefill: a long prompt joins a busy batch one chunk per step, so that the rows already
+decoding are not stalled behind it (cf. vLLM's chunked prefill).
+
+    prefills = ChunkedPrefill(engine.target, wants_hidden=True)
+    prefills.stage(row)                 # a 4,000-token prompt arrives while 7 rows decode
+    ...each batch step: finished = prefills.advance(); the rows then decode as usual...
+
+Prefilling 4,000 tokens of the default model takes seconds on 2 cores. Run at once, it holds every
+decoding row for that long: their time per output token jumps from ~40 ms to seconds for one step.
+Staged, the prompt is fed one chunk of `kv.PREFILL_CHUNK` tokens per batch step into a cache of its
+own, and its row joins the batch when the last chunk is in (its keys and values copied into a row of
+the batch's cache). The others wait one chunk per step instead of the whole prompt.
+
+Exactness: the chunks follow `kv.prefill_chunks`, the same boundaries as a prompt fed at once, and
+each is the same single-row forward, so the row's keys and values are bitwise what an unstaged
+prefill gives, and its output stays the target's own.
+
+Only a prompt longer than one chunk, arriving while other rows decode, is staged; rows are staged
+one after another (first come, first fed).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from adaptive_spec import kv
+
+
+@dataclass(eq=False)
+class _Staged:
+    row: object  # batch.Row
+    chunks: list[slice]  # of row.ids[:-1], in order
+    fed: int = 0  # chunks fed so far
+    states: list[torch.Tensor] = field(default_factory=list)  # the target's states per chunk, when wanted
+    seconds: float = 0.0
+
+
+class ChunkedPrefill:
+    def __init__(self, target, wants_hidden: bool):
+        self.target = target
+        self.wants_hidden = wants_hidden
+        self.cache = kv.BatchCache.for_model(target)
+        self.cache.add_row()
+        self._queue: deque[_Staged] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, row) -> bool:
+        return any(staged.row is row for staged in self._queue)
+
+    @staticmethod
+    def worth_staging(prompt_tokens: int, decoding_rows: int) -> bool:
+        """A prompt longer than one chunk, while others decode (alone, it may as well go at once)."""
+        return decoding_rows > 0 and prompt_tokens - 1 > kv.PREFILL_CHUNK
+
+    def stage(self, row) -> None:
+        self._queue.append(_Staged(row, kv.prefill_chunks(len(row.ids) - 1)))
+
+    def remove(self, row) -> bool:
+        """Drop a staged row (cancelled); True if it was staged."""
+        for staged in self._queue:
+            if staged.row is row:
+                if staged is self._queue[0]:
+                    self.cache.set_length(0, 0)
+                self._queue.remove(staged)
+                return True
+        return False
+
+    def advance(self, clock) -> tuple[object, torch.Tensor | None, float] | None:
+        """Feed the next chunk of the first staged prompt. When that was its last chunk, return
+        (row, the target's states at its prompt positions or None, seconds spent); the caller moves
+        the row into the batch (`copy_into`)."""
+        if not self._queue:
+            return None
+        staged = self._queue[0]
+        started = clock()
+        tokens = staged.row.ids[:-1][staged.chunks[staged.fed]]
+        out = kv.feed(self.target, self.cache, [0], [tokens], decoder_only=True, hidden=self.wants_hidden)
+        if self.wants_hidden:
+            staged.states.append(out[1][0])
+        staged.fed += 1
+        staged.seconds += clock() - started
+        if staged.fed < len(staged.chunks):
+            return None
+        self._queue.popleft()
+        return staged.row, torch.cat(staged.states) if staged.states else None, staged.seconds
+
+    def copy_into(self, cache: kv.BatchCache, slot: int) -> None:
+        """The finished prompt's keys and values into row `slot` of the batch's cache."""
+        cache.copy_from(self.cache, 0, slot)
+        self.cache.set_length(0, 0)

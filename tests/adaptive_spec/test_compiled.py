@@ -1,0 +1,62 @@
+"""The compiled decoding step (`adaptive_spec.compiled`) on a tiny random model, in the default suite;
+the same on the default model is the `compiled` group (test_compiled_real.py, `./run tests -m compiled`).
+
+Run: .venv/bin/python -m pytest tests/adaptive_spec/test_compiled.py -q   (about a minute: it compiles)
+
+What must hold: one graph serves every shape a batch feeds it (no recompile after the first step),
+exactness holds on the compiled path (exact.check), and greedy speculative and batched output
+equal the compiled target alone, row by row.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from tiny import llama
+
+from adaptive_spec import Engine, exact
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[5, 17, 33, 8, 5, 17, 33, 8, 5, 17], [44], [3, 9, 27, 81, 3, 9], list(range(20, 43)), [7, 7, 7, 7, 2]]
+BUDGETS = [20, 9, 24, 16, 5]
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(tmp_path_factory):
+    torch._dynamo.reset()
+    model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    return Engine(model, "head", compile=True, compile_dir=tmp_path_factory.mktemp("compile"))
+
+
+def test_the_compiled_step_is_exact_and_one_graph_serves_every_shape(compiled_engine) -> None:
+    assert compiled_engine.path == "compiled"
+    report = compiled_engine.exactness  # measured on the compiled step: 1x1 up to 8 rows x 17 tokens
+    assert report.exact, report.summary()
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    batch = compiled_engine.new_batch(3)
+    for prompt in PROMPTS[:3]:
+        batch.add(compiled_engine.request(prompt, max_new_tokens=6, k=2))
+    while len(batch):
+        batch.step()
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a new shape recompiled the step"
+
+
+def test_compiled_greedy_speculative_and_batched_rows_equal_the_compiled_target_alone(compiled_engine) -> None:
+    engine = compiled_engine
+    baseline = [
+        engine.generate(p, max_new_tokens=b, speculative=False).token_ids for p, b in zip(PROMPTS, BUDGETS, strict=True)
+    ]
+    for k in (2, None):
+        outputs = engine.generate_batch(PROMPTS, max_new_tokens=max(BUDGETS), max_batch=3, k=k)
+        for i, (out, budget) in enumerate(zip(outputs, BUDGETS, strict=True)):
+            assert out.token_ids[:budget] == baseline[i], f"k={k} prompt {i} batched"
+        alone = engine.generate(PROMPTS[0], max_new_tokens=BUDGETS[0], k=k)
+        assert alone.token_ids == baseline[0]
+
+
+def test_the_eager_invariant_path_agrees_on_what_is_exact() -> None:
+    """The same model eager: exact too (the compiled step is not what makes it exact)."""
+    model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    assert exact.make_exact(model).exact
