@@ -51,6 +51,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -118,8 +119,10 @@ class TrainedWeights:
     version into the PEFT model, copies of the trained weights, resetting LoRA. Needs `model` and
     `settings`, then `_start`."""
 
-    model: object
+    model: Any
     settings: LoraSettings
+    target_id: str
+    draft_id: str
     _params: list
 
     def _start(self, init_adapter: str | Path | None) -> None:
@@ -166,6 +169,28 @@ class TrainedWeights:
             )
         self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
         self.optimizer = self._new_optimizer()
+
+    def _save(self, adapter_dir: Path, draft_config: dict, **extra) -> Path:
+        """PEFT's adapter_config.json + adapter_model.safetensors, then adaptive_spec_adapter.json: who
+        trained it (target, draft and its shape), how (the settings), from what and on how much; the
+        online trainer adds the version's lineage and gate figures when it seals it (promotion/versions.py)."""
+        self.model.save_pretrained(str(adapter_dir))
+        metadata = {
+            "format": METADATA_FORMAT,
+            "created_at": time.time(),
+            "target_id": self.target_id,
+            "draft_id": self.draft_id,
+            "draft_config": draft_config,
+            "settings": dataclasses.asdict(self.settings),
+            "init_adapter": self.init_adapter,
+            "steps": self.steps,
+            "records_used": self.records_used,
+            "tokens_used": self.tokens_used,
+            "positions_trained": self.positions_trained,
+            **extra,
+        }
+        AdapterDir(adapter_dir).write_metadata(metadata)
+        return adapter_dir
 
     def lora_state(self) -> dict[str, torch.Tensor]:
         """A copy of the trained weights, to come back to with `restore`."""
@@ -289,27 +314,11 @@ class DraftTrainer(TrainedWeights):
 
     def save(self, adapter_dir: str | Path) -> Path:
         """Write adapter_config.json + adapter_model.safetensors (PEFT) and adaptive_spec_adapter.json."""
-        adapter_dir = Path(adapter_dir)
-        self.model.save_pretrained(str(adapter_dir))
         config = causal_lm(self.model).config
-        metadata = {
-            "format": METADATA_FORMAT,
-            "created_at": time.time(),
-            "target_id": self.target_id,
-            "draft_id": self.draft_id,
-            "draft_config": {
-                key: getattr(config, key, None)
-                for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
-            },
-            "settings": dataclasses.asdict(self.settings),
-            "init_adapter": self.init_adapter,
-            "steps": self.steps,
-            "records_used": self.records_used,
-            "tokens_used": self.tokens_used,
-            "positions_trained": self.positions_trained,
+        draft_config = {
+            key: getattr(config, key, None) for key in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
         }
-        AdapterDir(adapter_dir).write_metadata(metadata)
-        return adapter_dir
+        return self._save(Path(adapter_dir), draft_config)
 
     def load(self, adapter_dir: str | Path) -> None:
         """Replace the adapter's weights by those saved in adapter_dir; the optimiser starts afresh.

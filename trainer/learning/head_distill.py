@@ -70,7 +70,6 @@ own in bench-drift and `adaptive-spec up`; `adaptive-spec train` loads one (540 
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,9 +78,8 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import AdapterDir
 from trainer.intake.examples import TrainingExample, micro_batches
-from trainer.learning.distill import METADATA_FORMAT, LoraSettings, TrainedWeights, position_losses
+from trainer.learning.distill import LoraSettings, TrainedWeights, position_losses
 from trainer.learning.head_model import HeadBatch, TargetStates, TrainableHead, head_batch, unrolled
 
 SOFTMAX_OVER = ("batch", "vocab")
@@ -261,29 +259,13 @@ class HeadTrainer(TrainedWeights):
 
     def save(self, adapter_dir: str | Path) -> Path:
         """Write PEFT's adapter_config.json + adapter_model.safetensors and adaptive_spec_adapter.json."""
-        adapter_dir = Path(adapter_dir)
-        self.model.save_pretrained(str(adapter_dir))
         config = self.head.config
-        metadata = {
-            "format": METADATA_FORMAT,
-            "created_at": time.time(),
-            "target_id": self.target_id,
-            "draft_id": self.draft_id,
-            "draft_config": {
-                "kind": "head",
-                **{key: getattr(config, key, None) for key in ("model_type", "hidden_size", "vocab_size")},
-                "num_hidden_layers": 1,
-            },
-            "settings": dataclasses.asdict(self.settings),
-            "init_adapter": self.init_adapter,
-            "steps": self.steps,
-            "records_used": self.records_used,
-            "tokens_used": self.tokens_used,
-            "positions_trained": self.positions_trained,
-            "target_state_forwards": self.states.forwards,
+        draft_config = {
+            "kind": "head",
+            **{key: getattr(config, key, None) for key in ("model_type", "hidden_size", "vocab_size")},
+            "num_hidden_layers": 1,
         }
-        AdapterDir(adapter_dir).write_metadata(metadata)
-        return adapter_dir
+        return self._save(Path(adapter_dir), draft_config, target_state_forwards=self.states.forwards)
 
     def load(self, adapter_dir: str | Path) -> None:
         """Replace the LoRA and fuse weights by those saved in adapter_dir; the optimiser starts afresh.
