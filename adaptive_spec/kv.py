@@ -126,7 +126,12 @@ class BatchCache:
     # ------------------------------------------------------------------ a forward
 
     def inputs(
-        self, rows: list[int], fed: list[int], width: int, whole: bool = False
+        self,
+        rows: list[int],
+        fed: list[int],
+        width: int,
+        whole: bool = False,
+        parents: list[list[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
         """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend; per
         layer type for a model with sliding-window layers: {"full_attention": ..., "sliding_attention": ...})
@@ -134,39 +139,65 @@ class BatchCache:
         `update` at those rows.
 
         Right-aligned, every row's last token is in the last column (`logits_to_keep=1` works for
-        all rows). The padding columns in front get the positions just past the row's real
-        tokens, so their keys land where no real query looks, and the row's real tokens keep
-        positions `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2
-        tokens in width 4 gets positions [7, 8, 5, 6].
+        all rows). The padding columns in front get the slots just past the row's real tokens, so
+        their keys land where no real query looks, and the row's real tokens are written at slots
+        `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2 tokens in
+        width 4 gets slots (and positions) [7, 8, 5, 6].
+
+        `parents` (a draft tree, one list per row): token j of row i continues token
+        `parents[i][j]` of the same feed, or the row's context when -1. Each token is still written
+        at its own slot, but its position is its depth (context length + number of ancestors in the
+        feed), and it sees the context and its own ancestors only, not its siblings or cousins.
+        Example: 5 cached tokens fed [p, a, b, c] with parents [-1, 0, 0, 1] (a and b both follow p,
+        c follows a) get slots [5, 6, 7, 8] and positions [5, 6, 6, 7]; c sees slots 0-4, 5, 6, 8.
+        Without `parents` every feed is a chain: [-1, 0, 1, ...].
 
         `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
         capacity, so that the step's shapes change only when the capacity grows.
         """
-        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
-
-        pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
-        columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
-        positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
-        kv_len = int(positions.max()) + 1
+        device = self.device
+        starts = torch.tensor([self.lengths[r] for r in rows], device=device)[:, None]  # [n, 1]
+        pads = width - torch.tensor(fed, device=device)[:, None]  # [n, 1]
+        columns = torch.arange(width, device=device)[None, :]  # [1, width]
+        slots = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)  # [n, width]
+        kv_len = int(slots.max()) + 1
         self._reserve(len(self.lengths), kv_len)
         self._whole = whole
         if whole:
             kv_len = self._capacity
-            self._token_rows = torch.arange(len(rows), device=self.device).repeat_interleave(width)  # [n * width]
-            self._token_positions = positions.reshape(-1)  # [n * width]
-        self._active = (
-            slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=self.device)
-        )
-        self._positions = positions
+            self._token_rows = torch.arange(len(rows), device=device).repeat_interleave(width)  # [n * width]
+            self._token_positions = slots.reshape(-1)  # [n * width]
+        self._active = slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=device)
+        self._positions = slots
         self._kv_len = kv_len
-        keys = torch.arange(kv_len, device=self.device)  # [kv_len]
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, width, kv_len]
+        keys = torch.arange(kv_len, device=device)  # [kv_len]
+        if parents is None:
+            positions = slots
+            mask = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]
+        else:
+            positions, mask = _tree_inputs(parents, fed, width, starts, slots, keys)
+        mask = mask[:, None]  # [n, 1, width, kv_len]
         if self.window is None:
             return positions, mask
         sliding = mask & (keys[None, None, None, :] > positions[:, None, :, None] - self.window)
         if self.layer_types is None:  # every layer slides (Mistral)
             return positions, sliding
         return positions, {kind: sliding if kind == "sliding_attention" else mask for kind in self.layer_types}
+
+    @torch.inference_mode()
+    def keep(self, row: int, start: int, kept: list[int]) -> None:
+        """After a tree was verified from slot `start` on: move the fed tokens at offsets `kept`
+        (increasing; the path the target accepted) to slots start, start + 1, ..., in every layer.
+        The row's length is the caller's to set. A chain's path [0, 1, 2] moves nothing."""
+        moves = [(start + i, start + k) for i, k in enumerate(kept) if k != i]
+        if not moves:
+            return
+        targets = torch.tensor([t for t, _ in moves], device=self.device)
+        sources = torch.tensor([s for _, s in moves], device=self.device)
+        for buffers in (self.keys, self.values):
+            for layer in buffers:
+                if layer is not None:
+                    layer[row, :, targets] = layer[row, :, sources]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer: write the fed tokens' keys and values, return every
@@ -239,6 +270,33 @@ class BatchCache:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
 
 
+def _tree_inputs(parents, fed, width, starts, slots, keys):
+    """Position ids and the [n, width, kv_len] mask of a tree feed (BatchCache.inputs)."""
+    n = len(fed)
+    depth = torch.zeros(n, width, dtype=torch.long)
+    sees = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # [n, width, width]: query column sees key column
+    for i, (row_parents, count) in enumerate(zip(parents, fed, strict=True)):
+        if len(row_parents) != count:
+            raise ValueError(f"row {i}: {len(row_parents)} parents for {count} tokens")
+        pad = width - count
+        for j, parent in enumerate(row_parents):
+            if not -1 <= parent < j:
+                raise ValueError(f"row {i}: token {j} has parent {parent}; a parent comes before its child")
+            if parent >= 0:
+                depth[i, pad + j] = depth[i, pad + parent] + 1
+                sees[i, pad + j] |= sees[i, pad + parent]
+    depth, sees = depth.to(slots.device), sees.to(slots.device)
+    real = torch.arange(width, device=slots.device)[None, :] >= width - torch.tensor(fed, device=slots.device)[:, None]
+    real_query, real_key = real[:, :, None], real[:, None, :]  # [n, width, 1], [n, 1, width]
+    positions = torch.where(real, starts + depth, slots)  # padding keeps its slot, past every real position
+    context = keys[None, None, :] < starts[:, :, None]  # [n, 1, kv_len]
+    causal = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]: padding sees as in a chain feed
+    mask = torch.where(real_query, context, causal)
+    # the fed tokens each query sees, at their slots: a real token its ancestors and itself
+    fed_keys = torch.where(real_query, sees & real_key, slots[:, None, :] <= slots[:, :, None])  # [n, width, width]
+    return positions, mask.scatter(2, slots[:, None, :].expand(n, width, width), fed_keys)
+
+
 def _contiguous(rows: list[int]) -> bool:
     return all(b == a + 1 for a, b in itertools.pairwise(rows))
 
@@ -265,6 +323,7 @@ def feed(
     all_logits: bool = False,
     decoder_only: bool = False,
     hidden: bool = False,
+    parents: list[list[int]] | None = None,
 ):
     """Run `model` on `feeds[i]` after row `rows[i]`'s cached context and advance each row's length.
 
@@ -273,7 +332,9 @@ def feed(
     `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. With
     `hidden`, also the hidden state entering the final norm at every fed position,
     `[n, width, hidden]` (what a head draft reads): `(logits, hidden)`. A single row feeding more
-    than PREFILL_CHUNK tokens (a prompt) runs in chunks.
+    than PREFILL_CHUNK tokens (a prompt) runs in chunks. With `parents`, each feed is a tree
+    (BatchCache.inputs); its tokens still advance the row's length by one each, and the caller
+    keeps the accepted path (BatchCache.keep) and sets the length.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
         tokens, states, *head, last = feeds[0], [], *prefill_chunks(len(feeds[0]))
@@ -288,8 +349,8 @@ def feed(
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     step = COMPILED.get(model)
     if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
-        return _compiled_feed(step, model, cache, feeds, hidden)
-    positions, mask = cache.inputs(rows, fed, width)
+        return _compiled_feed(step, model, cache, feeds, hidden, parents)
+    positions, mask = cache.inputs(rows, fed, width, parents=parents)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
@@ -308,7 +369,7 @@ def feed(
 COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
 
 
-def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool):
+def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool, parents=None):
     """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
     row gets a padding column, so that one graph serves every step (a graph specialised for a
     width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
@@ -317,7 +378,7 @@ def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidde
     width = max(COMPILED_MIN_WIDTH, *fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     cache.allocate_for(model)
-    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True)
+    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True, parents=parents)
     logits, states = step(ids, positions, mask, cache)  # [n, width, vocab], [n, width, hidden]
     for row, n in enumerate(fed):
         cache.set_length(row, cache.lengths[row] + n)
