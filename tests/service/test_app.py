@@ -528,6 +528,12 @@ def test_settings_from_the_environment_hide_secrets():
     assert "hunter2" not in shown and "key-123" not in shown and "tok-456" not in shown
     assert "redis://***@localhost:6379/0" in shown
     assert Settings.from_env({}).k is None and Settings.from_env({"ADAPTIVE_SPEC_K": "dynamic"}).k is None
+    read_from_files = Settings.from_env(
+        {"ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456\n", "ADAPTIVE_SPEC_API_KEY": " key-123\n"}
+    )
+    assert (read_from_files.admin_token, read_from_files.api_key) == ("tok-456", "key-123")  # as clients send them
+    with pytest.raises(ValueError, match="admin_token is blank"):
+        Settings(admin_token=" \n")  # not silently "no token", which would open /v1 for an API key
     with pytest.raises(ValueError, match="ADAPTIVE_SPEC_PORT"):
         Settings.from_env({"ADAPTIVE_SPEC_PORT": "eighty"})
 
