@@ -30,10 +30,12 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
+import torch
 from polling import wait_for
 from tiny import tiny_target  # on sys.path via conftest.py
 from tiny_chat import tiny_tokenizer
 
+from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord
 from service.app import create_app
@@ -466,6 +468,34 @@ def test_draining_server_answers_503(live_server, tiny_engine):
         assert_error(httpx.post(server.url + "/v1/completions", json=body), 503)
         health = httpx.get(server.url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "draining"
+
+
+def test_a_draft_with_nan_weights_answers_every_request_with_the_targets_tokens(live_server):
+    """A NaN in the draft's weights made its probabilities NaN: torch.multinomial raised, and every row of
+    that step got a 500. Now each row drafts nothing and the target decodes it: 200, its exact tokens."""
+    engine = Engine(tiny_target(0), "early-exit:1", tokenizer=tiny_tokenizer(), target_id="tiny-chat", record_topk=8)
+    with torch.no_grad():
+        next(engine.drafter.model.model.layers[0].parameters()).fill_(float("nan"))
+    plain = Engine(tiny_target(0), None)
+    samplings = [(0.0, None), (1.0, 1), (0.8, 2), (1.0, 3), (0.0, None), (1.2, 4)]
+
+    def complete(sampling: tuple[float, int | None]) -> httpx.Response:
+        body = {
+            "model": "tiny-chat",
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": sampling[0],
+            "seed": sampling[1],
+        }
+        return httpx.post(server.url + "/v1/completions", timeout=60, json=body)
+
+    with live_server(engine) as server, ThreadPoolExecutor(len(samplings)) as pool:  # they share batch steps
+        responses = list(pool.map(complete, samplings))
+    for (temperature, seed), response in zip(samplings, responses, strict=True):
+        assert response.status_code == 200, response.text
+        expected = plain.generate(PROMPT, 12, temperature=temperature, seed=seed, speculative=False).token_ids
+        assert response.json()["choices"][0]["token_ids"] == expected
+        assert response.json()["usage"]["spec_decode"]["num_draft_tokens"] == 0
 
 
 # ---------------------------------------------------------------- privacy and the correction log

@@ -10,8 +10,9 @@ What must hold:
   to the target alone;
 - an alias moved by hand with MlflowClient, as the MLflow UI does, is followed within 10 s, on a
   `mlflow server`, and is reported as a rollback by "mlflow-alias";
-- a corrupt, incompatible or missing artifact is refused before any swap: the served adapter stays,
-  the refusal is logged and counted once per reason; a good version afterwards is served;
+- a corrupt, incompatible or missing artifact, or one with a NaN weight whose checksum is right, is
+  refused before any swap: the served adapter stays, the refusal is logged and counted once per reason;
+  a good version afterwards is served;
 - greedy output is token-for-token the target's when swaps land between the steps of a generation;
 - the champion alias removed unloads to the base draft; each swap calls the dashboard's stats.mark;
 - each domain's alias (`champion-sql`) is followed into the engine's slot for that domain, from the one
@@ -32,6 +33,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from mlflow import MlflowClient
+from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # registry_support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adaptive_spec"))  # tiny.py
@@ -40,7 +42,7 @@ from registry_support import write_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import WEIGHTS_FILE
+from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
 from service.settings import Settings
 from service.watcher import AdapterWatcher, start_watcher
@@ -66,6 +68,11 @@ def adapters(tmp_path_factory, target) -> dict[str, Path]:
     made["bad_shape"] = write_adapter(target, 2, root / "bad_shape", seed=8, draft_id="early-exit:1")
     made["corrupt"] = write_adapter(target, 1, root / "corrupt", seed=9)
     made["missing"] = write_adapter(target, 1, root / "missing", seed=10)
+    made["nan"] = write_adapter(target, 1, root / "nan", seed=11)  # sealed again after a NaN went in
+    weights = load_file(made["nan"] / WEIGHTS_FILE)
+    next(iter(weights.values()))[0, 0] = float("nan")
+    save_file(weights, made["nan"] / WEIGHTS_FILE)
+    AdapterDir(made["nan"]).seal()
     return made
 
 
@@ -193,7 +200,8 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
         registry.register(adapters["good1"])
         wait_for(lambda: engine.adapter_version == "1", 10, "the first swap")
         versions = {
-            name: registry.register(adapters[name], promote=False) for name in ("corrupt", "missing", "bad_shape")
+            name: registry.register(adapters[name], promote=False)
+            for name in ("corrupt", "missing", "bad_shape", "nan")
         }
         versions["other_draft"] = _register_by_hand(registry, adapters["other_draft"])  # the registry refuses it
         corrupt = _artifact_dir(registry, versions["corrupt"]) / WEIGHTS_FILE
@@ -208,6 +216,7 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
             "missing": "missing",
             "other_draft": "incompatible",
             "bad_shape": "incompatible",
+            "nan": "corrupt",
         }
         for name, reason in expected.items():
             before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
