@@ -153,6 +153,7 @@ class OnlineTrainer:
         self.rounds_failed = 0  # rounds that raised (run() logs them and goes on)
         self.records_set_aside = 0  # the records those rounds were reading, taken out of the buffers
         self.reading: list = []  # what the round under way reads now (records or examples): set aside if it raises
+        self.progressed_at = time.monotonic()  # the main loop's last poll or optimiser step (trainer/leader.py)
         self.last_result: RoundResult | None = None
         self.checkpoint_seq = 0
         self._changed = False  # anything to checkpoint since the last checkpoint
@@ -247,6 +248,7 @@ class OnlineTrainer:
         """Take what the stream has for this consumer into the held-out set or the buffer; returns how
         many records came. Waits up to `block_ms` for new entries only when nothing pending came first."""
         received = self.intake.poll(block_ms)
+        self.progressed_at = time.monotonic()
         if received:
             self._changed = True
         return received
@@ -510,6 +512,7 @@ class OnlineTrainer:
         ):
             batch = self.reading = buffer.sample_batch(self.rng, self.batch_tokens)
             losses.append(self.trainer.train_step(batch))
+            self.progressed_at = time.monotonic()
             trained_ids.update(example.request_id for example in batch)
             if ready is not None and len(losses) >= settings.round_steps and ready():
                 break

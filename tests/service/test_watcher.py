@@ -360,3 +360,27 @@ def _subscribed(redis_url: str) -> bool:
         return dict(client.pubsub_numsub(ADAPTER_EVENTS)).get(ADAPTER_EVENTS.encode(), 0) > 0
     finally:
         client.close()
+
+
+def test_a_dead_watcher_makes_health_503_while_requests_are_still_answered(
+    live_server, target, registry, store, tmp_path, caplog
+):
+    """The watcher decides what this server serves: dead, it follows no promotion and no rollback, so
+    /health answers 503 (an orchestrator restarts the process, which loads the champions before it is
+    ready). Killed here by what its per-check `except Exception` cannot catch: a library calling sys.exit."""
+    engine = engine_for(target)
+    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
+        watcher = server.service.watcher
+        assert httpx.get(server.url + "/health").json()["threads"]["adapter_watcher"] is True
+
+        def champions():
+            raise SystemExit("injected: sys.exit on the watcher's thread")
+
+        watcher.registry.champions = champions
+        wait_for(lambda: httpx.get(server.url + "/health").status_code == 503, 10, "/health to say so")
+        health = httpx.get(server.url + "/health").json()
+        assert health["status"] == "unhealthy" and health["dead"] == ["adapter_watcher"]
+        assert health["threads"] == {"engine": True, "adapter_watcher": False, "correction_log": None}
+        assert complete(server)["choices"][0]["token_ids"]  # until a restart, what it serves is still exact
+    died = [r for r in caplog.records if "adapter watcher died" in r.getMessage()]
+    assert died and died[0].exc_info is not None
