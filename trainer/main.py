@@ -66,6 +66,7 @@ class TrainSettings:
     max_domains: int = 8  # domains with an adapter of their own (trainer/domains.py); 0: one general adapter
     retry_s: float = 10.0  # between registration attempts while MLflow is down
     lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
+    lease_stall_s: float = 300.0  # ... which it does once its main loop made no progress for this long (leader.py)
 
 
 def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) -> dict:
@@ -82,7 +83,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
     from trainer.online import OnlineSettings, OnlineTrainer
     from trainer.pending import PendingRegistrations
     from trainer.registry import AdapterRegistry
-    from trainer.stream import CorrectionStream
+    from trainer.stream import CorrectionStream, stream_client
 
     if not settings.redis_url:
         raise TrainerSetupError(
@@ -91,7 +92,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         )
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5.0)
+    client = stream_client(settings.redis_url)
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -145,6 +146,7 @@ def run_trainer(settings: TrainSettings, stop: threading.Event | None = None) ->
         on_promote=lease.fenced(pending.submit),
         champion_source=RegistryChampion(registry, pending),
     )
+    lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
     try:
         counters = trainer.run(stop, budget_s=settings.budget_s, checkpoint_every_s=settings.checkpoint_every_s)

@@ -29,6 +29,12 @@ The loop (`run`), one verb each:
 - `checkpoint()` makes the state durable (trainer/checkpoint.py, trainer/resume.py), then
   acknowledges what it covers.
 
+No record stops the loop. The intake screens each one against this trainer's target, draft and
+vocabulary (trainer/screening.py) and drops, acknowledges and counts (`rejected`) what it cannot
+train on. A round that raises anyway is logged with its traceback; the records it was reading (the
+batch of the step under way, or the held-out snapshot it was scoring) are set aside, the champion's
+weights go back in the model, and the loop goes on (`rounds_failed`, `records_set_aside`).
+
 The registry has the last word: before each round and again before each promotion the trainer
 adopts the version an operator moved the lineage's alias to (`champion`, `champion-<domain>`;
 trainer/champion.py). A candidate whose round saw its champion move is discarded. A rejected
@@ -74,6 +80,7 @@ from trainer.head_model import TrainableHead
 from trainer.intake import StreamIntake, target_tokens
 from trainer.resume import COUNTERS, restore_trainer, trainer_state
 from trainer.rounds import RoundResult, TrainerStatus, versus
+from trainer.screening import RecordScreen, vocab_size
 from trainer.stream import CorrectionStream
 from trainer.versions import AdapterVersion, VersionDirs
 
@@ -143,11 +150,16 @@ class OnlineTrainer:
         self.adapters_promoted = 0
         self.rounds = 0
         self.promote_errors = 0  # on_promote raised
+        self.rounds_failed = 0  # rounds that raised (run() logs them and goes on)
+        self.records_set_aside = 0  # the records those rounds were reading, taken out of the buffers
+        self.reading: list = []  # what the round under way reads now (records or examples): set aside if it raises
+        self.progressed_at = time.monotonic()  # the main loop's last poll or optimiser step (trainer/leader.py)
         self.last_result: RoundResult | None = None
         self.checkpoint_seq = 0
         self._changed = False  # anything to checkpoint since the last checkpoint
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
+        screen = RecordScreen(settings.target_id, settings.draft_id, vocab_size(draft_model))
         trainer_class = HeadTrainer if isinstance(draft_model, TrainableHead) else DraftTrainer
         self.trainer = trainer_class(
             draft_model,
@@ -162,6 +174,7 @@ class OnlineTrainer:
             stream,
             self.lineages,
             self.trainer.settings.max_seq_len,
+            screen=screen,
             ack_at_once=self.checkpoint_dir is None,
             read_count=settings.read_count,
             reclaim_idle_ms=settings.reclaim_idle_ms,
@@ -189,7 +202,8 @@ class OnlineTrainer:
         checked between steps of the loop, so a round under way finishes first. On a clean exit
         it checkpoints a last time (if anything changed). If it raises, nothing after the last
         checkpoint is acknowledged, and a restarted trainer reads those entries again. While
-        Redis is unreachable it keeps its state and retries every second.
+        Redis is unreachable it keeps its state and retries every second. A round that raises is
+        logged and its records set aside (`_round_failed`); the loop goes on.
         """
         started = time.monotonic()
         deadline = started + budget_s if budget_s is not None else math.inf
@@ -210,11 +224,16 @@ class OnlineTrainer:
             redis_down = False
             lineage = self.next_lineage()
             if lineage is not None:
-                self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
+                try:
+                    self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
+                except Exception as error:
+                    self._round_failed(lineage, error)
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
                 first = max(self.lineages.every(), key=lambda lineage: lineage.new_records)  # the nearest to a round
                 waiting = self._waiting(first, first.holdout.records) or "waiting for records"
                 self._report(RoundResult(False, False, waiting, domain=first.domain))
+            elif self.status.rejected != self.rejected and self.last_result is not None:
+                self._report(self.last_result)  # records were rejected since its last word: the dashboard counts them
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 if self.checkpoint_dir is not None and self._dirty():
                     self.checkpoint()
@@ -229,6 +248,7 @@ class OnlineTrainer:
         """Take what the stream has for this consumer into the held-out set or the buffer; returns how
         many records came. Waits up to `block_ms` for new entries only when nothing pending came first."""
         received = self.intake.poll(block_ms)
+        self.progressed_at = time.monotonic()
         if received:
             self._changed = True
         return received
@@ -275,6 +295,7 @@ class OnlineTrainer:
         # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out
         # set may grow before the candidate is promoted with the figures it scored on this snapshot
         heldout, revision = lineage.holdout.records, lineage.holdout.revision
+        self.reading = heldout
         waiting = self._waiting(lineage, heldout)
         if waiting:
             return self._report(RoundResult(False, False, waiting, domain=lineage.domain))
@@ -290,6 +311,7 @@ class OnlineTrainer:
         losses, trained_ids, train_s = self._train(lineage.buffer, keep_training, look)
         if look is not None and look.heldout is not None:  # the held-out set grew: the gate decides on all of it
             heldout, revision, champion = look.heldout, look.revision, look.champion
+        self.reading = heldout
         # the round ended at a look that promotes: the weights are those it scored, on this snapshot
         candidate = look.candidate if look is not None and look.promotes else agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
@@ -359,8 +381,30 @@ class OnlineTrainer:
 
     def _report(self, result: RoundResult) -> RoundResult:
         lineage = self.lineages.lineages.get(result.domain) if result.domain is not None else None
-        self.status.report(result, (lineage or self.general).champion.name())
+        self.status.report(result, (lineage or self.general).champion.name(), self.rejected)
         return result
+
+    def _round_failed(self, lineage: Lineage, error: Exception) -> None:
+        """A round raised: not for a record the screen knows (those never reach a round), so for one it
+        does not, or for something else (a full disk, a bug). Log it with its traceback, set aside the
+        records it was reading (`reading`: the batch of its step, or the held-out snapshot it scored),
+        put the champions' weights back and go on. The next checkpoint holds none of those records and
+        acknowledges their entries, so a restarted trainer does not meet them again. The lineage waits
+        for `min_new_records` new records before its next round, so a fault that stays does not spin."""
+        ids = {item.request_id for item in self.reading}
+        set_aside = self.intake.set_aside(ids)
+        self.rounds_failed += 1
+        self.records_set_aside += set_aside
+        self.reading, lineage.carried, lineage.new_records = [], None, 0
+        lineage.champion.roll_back()
+        if lineage.domain is not None:
+            self.champion.roll_back()  # between rounds the model holds the general champion
+        self._changed = True
+        reason = (f"a round of the {lineage.label} adapter failed ({type(error).__name__}: {error}); "
+                  f"{set_aside} records it was reading set aside, training goes on")  # fmt: skip
+        log.exception("%s: %s", reason, sorted(ids)[:8])
+        self.status.round_failed(reason, self.rounds_failed)
+        self._report(RoundResult(False, False, reason, self.rounds, domain=lineage.domain))
 
     def sync_registry(self) -> bool:
         """Adopt the registry's champion if an operator moved it (trainer/champion.py); True when the
@@ -425,6 +469,7 @@ class OnlineTrainer:
     records_consumed = _part("intake", "records_consumed")  # distinct records taken from the stream
     tokens_consumed = _part("intake", "tokens_consumed")  # their output tokens
     duplicates = _part("intake", "duplicates")  # records dropped because their request id was already kept
+    rejected = _part("intake", "rejected")  # records the screen refused, by reason (trainer/screening.py)
     next_version = _part("versions", "next")
     champion_version = _part("champion", "version")  # None: the base draft
     champion_sha256 = _part("champion", "sha256")
@@ -465,8 +510,9 @@ class OnlineTrainer:
         while len(losses) < settings.round_steps or (
             keep_training is not None and len(losses) < settings.max_round_steps and keep_training()
         ):
-            batch = buffer.sample_batch(self.rng, self.batch_tokens)
+            batch = self.reading = buffer.sample_batch(self.rng, self.batch_tokens)
             losses.append(self.trainer.train_step(batch))
+            self.progressed_at = time.monotonic()
             trained_ids.update(example.request_id for example in batch)
             if ready is not None and len(losses) >= settings.round_steps and ready():
                 break
@@ -527,6 +573,8 @@ class OnlineTrainer:
             f"{self.records_consumed} records ({self.tokens_consumed} tokens) consumed, {len(self.buffer)} buffered, "
             f"{len(self.holdout)} held out, {len(self.intake.unacked)} unacknowledged, {self.rounds} rounds in "
             f"{self.train_s:.1f} s, {self.adapters_promoted} promoted, {self._champions()}"
+            + (f", rejected {self.rejected}" if self.rejected else "")
+            + (f", {self.rounds_failed} rounds failed" if self.rounds_failed else "")
             + (f", last round {versus(last.candidate, last.champion)}, loss {last.loss:.4f}" if last else "")
         )
 
@@ -565,6 +613,7 @@ class _FirstLook:
         if holdout.revision == self.revision:
             return False
         self.heldout, self.revision = holdout.records, holdout.revision
+        self.trainer.reading = self.heldout
         self.looks += 1
         self.champion = self.lineage.champion.figures(self.heldout, self.revision)
         self.candidate = agreement(self.trainer.trainer, self.heldout)

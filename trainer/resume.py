@@ -23,8 +23,9 @@ from trainer.rounds import RoundResult, result_state
 
 log = logging.getLogger("trainer.online")
 
-INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
-COUNTERS = (*INTAKE_COUNTERS, "train_s", "adapters_promoted", "rounds", "promote_errors")
+INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates", "rejected")
+COUNTERS = (*INTAKE_COUNTERS, "train_s", "adapters_promoted", "rounds", "promote_errors", "rounds_failed",
+            "records_set_aside")  # fmt: skip
 
 
 def trainer_state(trainer) -> dict:
@@ -56,8 +57,12 @@ def restore_trainer(trainer, state: dict, checkpoint: Path) -> None:
         )
     for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
         trainer.intake.keep(record)
+    # the screen refused some of them (kept before it existed): counted on top of the counters restored
+    refused, trainer.intake.rejected = trainer.intake.rejected, {}
     for name, value in state["counters"].items():
         setattr(trainer.intake if name in INTAKE_COUNTERS else trainer, name, value)
+    for reason, count in refused.items():
+        trainer.intake.rejected[reason] = trainer.intake.rejected.get(reason, 0) + count
     trainer.champion.load_state(state)
     trainer.lineages.load_state(state.get("domains", {}))
     trainer.champion.roll_back()  # a domain's champion was loaded into the model to read its weights

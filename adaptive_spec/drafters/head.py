@@ -245,7 +245,7 @@ class HeadDrafter(Drafter):
                 logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
                 for j, i in enumerate(live):
                     token, row_probs = vocab.choose(logits[j], rows[i], drafted[i])
-                    if token is None:  # its constraints allow none of the draft's tokens
+                    if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                         ks[i] = len(drafted[i])
                         continue
                     drafted[i].append(token)
