@@ -30,6 +30,7 @@ import itertools
 import threading
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -131,7 +132,7 @@ class BatchCache:
         fed: list[int],
         width: int,
         whole: bool = False,
-        parents: list[list[int]] | None = None,
+        trees: list[TreeFeed] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
         """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend; per
         layer type for a model with sliding-window layers: {"full_attention": ..., "sliding_attention": ...})
@@ -144,13 +145,10 @@ class BatchCache:
         `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2 tokens in
         width 4 gets slots (and positions) [7, 8, 5, 6].
 
-        `parents` (a draft tree, one list per row): token j of row i continues token
-        `parents[i][j]` of the same feed, or the row's context when -1. Each token is still written
-        at its own slot, but its position is its depth (context length + number of ancestors in the
-        feed), and it sees the context and its own ancestors only, not its siblings or cousins.
-        Example: 5 cached tokens fed [p, a, b, c] with parents [-1, 0, 0, 1] (a and b both follow p,
-        c follows a) get slots [5, 6, 7, 8] and positions [5, 6, 6, 7]; c sees slots 0-4, 5, 6, 8.
-        Without `parents` every feed is a chain: [-1, 0, 1, ...].
+        `trees` (draft trees, `TreeFeed` per row): each fed token is still written at its own slot,
+        but its position and what it sees are the tree's: the row's context, its own ancestors and
+        itself, not its siblings or cousins (`TreeFeed.from_parents` for a tree fed whole).
+        Without `trees` every feed is a chain.
 
         `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
         capacity, so that the step's shapes change only when the capacity grows.
@@ -171,11 +169,10 @@ class BatchCache:
         self._positions = slots
         self._kv_len = kv_len
         keys = torch.arange(kv_len, device=device)  # [kv_len]
-        if parents is None:
-            positions = slots
-            mask = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]
-        else:
-            positions, mask = _tree_inputs(parents, fed, width, starts, slots, keys)
+        positions = slots
+        mask = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]
+        if trees is not None:
+            positions, mask = _tree_inputs(trees, fed, width, slots, mask)
         mask = mask[:, None]  # [n, 1, width, kv_len]
         if self.window is None:
             return positions, mask
@@ -270,31 +267,54 @@ class BatchCache:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
 
 
-def _tree_inputs(parents, fed, width, starts, slots, keys):
-    """Position ids and the [n, width, kv_len] mask of a tree feed (BatchCache.inputs)."""
-    n = len(fed)
-    depth = torch.zeros(n, width, dtype=torch.long)
-    sees = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)  # [n, width, width]: query column sees key column
-    for i, (row_parents, count) in enumerate(zip(parents, fed, strict=True)):
-        if len(row_parents) != count:
-            raise ValueError(f"row {i}: {len(row_parents)} parents for {count} tokens")
-        pad = width - count
-        for j, parent in enumerate(row_parents):
+@dataclass
+class TreeFeed:
+    """Where one row's fed tokens sit in a draft tree (BatchCache.inputs).
+
+    Example: 5 cached tokens fed [p, a, b, c] where a and b both follow p and c follows a:
+    `TreeFeed.from_parents(5, [-1, 0, 0, 1])` gives positions [5, 6, 6, 7], and c sees slots 5
+    (p) and 6 (a) besides the context 0-4 and itself (slot 8), not b (slot 7). A feed may also
+    continue a tree fed in earlier forwards (a draft growing its tree depth by depth): its tokens
+    then see slots written before, past the context.
+    """
+
+    context: int  # slots [0, context) are the row's context: every fed token sees them
+    positions: list[int]  # each fed token's position
+    sees: list[list[int]]  # each fed token's other visible slots past the context (its ancestors)
+
+    @classmethod
+    def from_parents(cls, start: int, parents: list[int]) -> TreeFeed:
+        """A tree fed whole from slot `start` (the row's length): token j continues token
+        parents[j] of the feed, or the context when -1."""
+        positions: list[int] = []
+        sees: list[list[int]] = []
+        for j, parent in enumerate(parents):
             if not -1 <= parent < j:
-                raise ValueError(f"row {i}: token {j} has parent {parent}; a parent comes before its child")
-            if parent >= 0:
-                depth[i, pad + j] = depth[i, pad + parent] + 1
-                sees[i, pad + j] |= sees[i, pad + parent]
-    depth, sees = depth.to(slots.device), sees.to(slots.device)
-    real = torch.arange(width, device=slots.device)[None, :] >= width - torch.tensor(fed, device=slots.device)[:, None]
-    real_query, real_key = real[:, :, None], real[:, None, :]  # [n, width, 1], [n, 1, width]
-    positions = torch.where(real, starts + depth, slots)  # padding keeps its slot, past every real position
-    context = keys[None, None, :] < starts[:, :, None]  # [n, 1, kv_len]
-    causal = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]: padding sees as in a chain feed
-    mask = torch.where(real_query, context, causal)
-    # the fed tokens each query sees, at their slots: a real token its ancestors and itself
-    fed_keys = torch.where(real_query, sees & real_key, slots[:, None, :] <= slots[:, :, None])  # [n, width, width]
-    return positions, mask.scatter(2, slots[:, None, :].expand(n, width, width), fed_keys)
+                raise ValueError(f"token {j} has parent {parent}; a parent comes before its child")
+            positions.append(start if parent < 0 else positions[parent] + 1)
+            sees.append([] if parent < 0 else [*sees[parent], start + parent])
+        return cls(start, positions, sees)
+
+
+def _tree_inputs(trees: list[TreeFeed], fed: list[int], width: int, slots: torch.Tensor, causal: torch.Tensor):
+    """Position ids and the [n, width, kv_len] mask of tree feeds; padding columns keep their
+    slots and their causal view, out of every real token's sight."""
+    positions, mask = slots.clone(), causal.clone()
+    seen_rows, seen_columns, seen_slots = [], [], []
+    for i, (tree, count) in enumerate(zip(trees, fed, strict=True)):
+        if len(tree.positions) != count or len(tree.sees) != count:
+            raise ValueError(f"row {i}: a tree of {len(tree.positions)} tokens for {count} fed")
+        pad = width - count
+        positions[i, pad:] = torch.tensor(tree.positions, device=slots.device)
+        mask[i, pad:] = False
+        mask[i, pad:, : tree.context] = True
+        for j, visible in enumerate(tree.sees):
+            for slot in [*visible, int(slots[i, pad + j])]:
+                seen_rows.append(i)
+                seen_columns.append(pad + j)
+                seen_slots.append(slot)
+    mask[seen_rows, seen_columns, seen_slots] = True
+    return positions, mask
 
 
 def _contiguous(rows: list[int]) -> bool:
@@ -323,7 +343,7 @@ def feed(
     all_logits: bool = False,
     decoder_only: bool = False,
     hidden: bool = False,
-    parents: list[list[int]] | None = None,
+    trees: list[TreeFeed] | None = None,
 ):
     """Run `model` on `feeds[i]` after row `rows[i]`'s cached context and advance each row's length.
 
@@ -332,8 +352,8 @@ def feed(
     `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. With
     `hidden`, also the hidden state entering the final norm at every fed position,
     `[n, width, hidden]` (what a head draft reads): `(logits, hidden)`. A single row feeding more
-    than PREFILL_CHUNK tokens (a prompt) runs in chunks. With `parents`, each feed is a tree
-    (BatchCache.inputs); its tokens still advance the row's length by one each, and the caller
+    than PREFILL_CHUNK tokens (a prompt) runs in chunks. With `trees`, each feed is (part of) a
+    draft tree (TreeFeed); its tokens still advance the row's length by one each, and the caller
     keeps the accepted path (BatchCache.keep) and sets the length.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
@@ -349,8 +369,8 @@ def feed(
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     step = COMPILED.get(model)
     if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
-        return _compiled_feed(step, model, cache, feeds, hidden, parents)
-    positions, mask = cache.inputs(rows, fed, width, parents=parents)
+        return _compiled_feed(step, model, cache, feeds, hidden, trees)
+    positions, mask = cache.inputs(rows, fed, width, trees=trees)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
@@ -369,7 +389,7 @@ def feed(
 COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
 
 
-def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool, parents=None):
+def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool, trees=None):
     """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
     row gets a padding column, so that one graph serves every step (a graph specialised for a
     width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
@@ -378,7 +398,7 @@ def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidde
     width = max(COMPILED_MIN_WIDTH, *fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     cache.allocate_for(model)
-    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True, parents=parents)
+    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True, trees=trees)
     logits, states = step(ids, positions, mask, cache)  # [n, width, vocab], [n, width, hidden]
     for row, n in enumerate(fed):
         cache.set_length(row, cache.lengths[row] + n)

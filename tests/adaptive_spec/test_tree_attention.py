@@ -1,4 +1,4 @@
-"""Tree feeds (`kv.feed(..., parents=...)`, `BatchCache.inputs`, `BatchCache.keep`): one forward scores
+"""Tree feeds (`kv.feed(..., trees=...)`, `kv.TreeFeed`, `BatchCache.keep`): one forward scores
 every node of a draft tree, each node seeing the context and its own ancestors only.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_tree_attention.py -q
@@ -60,7 +60,7 @@ def test_the_tree_mask_and_positions_follow_the_worked_example() -> None:
     cache = kv.BatchCache(1)
     cache.add_row()
     cache.set_length(0, 5)
-    positions, mask = cache.inputs([0], [4], 4, parents=[[-1, 0, 0, 1]])
+    positions, mask = cache.inputs([0], [4], 4, trees=[kv.TreeFeed.from_parents(5, [-1, 0, 0, 1])])
     assert positions.tolist() == [[5, 6, 6, 7]]
     sees = mask[0, 0].nonzero().tolist()
     visible = {q: [k for qq, k in sees if qq == q] for q in range(4)}
@@ -78,7 +78,8 @@ def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_p
     feeds = [TREE, TREE[:2], TREE]
     parents = [TREE_PARENTS, [-1, 0], TREE_PARENTS]
     cache = fresh(model, CONTEXTS)
-    logits = kv.feed(model, cache, [0, 1, 2], feeds, all_logits=True, parents=parents)  # [3, width, vocab]
+    trees = [kv.TreeFeed.from_parents(cache.lengths[row], p) for row, p in enumerate(parents)]
+    logits = kv.feed(model, cache, [0, 1, 2], feeds, all_logits=True, trees=trees)  # [3, width, vocab]
     width = logits.shape[1]
     for row, (context, feed, row_parents) in enumerate(zip(CONTEXTS, feeds, parents, strict=True)):
         for node in range(len(feed)):
@@ -93,7 +94,7 @@ def test_keeping_a_path_leaves_the_cache_a_chain_would_have_left() -> None:
     context = CONTEXTS[0]
     cache = fresh(model, [context])
     start = cache.lengths[0]
-    kv.feed(model, cache, [0], [TREE], all_logits=True, parents=[TREE_PARENTS])
+    kv.feed(model, cache, [0], [TREE], all_logits=True, trees=[kv.TreeFeed.from_parents(start, TREE_PARENTS)])
     kept = [0, 2, 5]  # a path: node 2's parent is 0, node 5's parent is 2
     assert path_of(TREE, TREE_PARENTS, 5) == [TREE[i] for i in kept]
     cache.keep(0, start, kept)
@@ -104,9 +105,25 @@ def test_keeping_a_path_leaves_the_cache_a_chain_would_have_left() -> None:
 
 
 def test_a_bad_tree_is_refused() -> None:
+    with pytest.raises(ValueError, match="parent"):
+        kv.TreeFeed.from_parents(0, [-1, 2, 0])  # a parent after its child
     cache = kv.BatchCache(1)
     cache.add_row()
-    with pytest.raises(ValueError, match="parent"):
-        cache.inputs([0], [3], 3, parents=[[-1, 2, 0]])  # a parent after its child
-    with pytest.raises(ValueError, match="parents for"):
-        cache.inputs([0], [3], 3, parents=[[-1, 0]])
+    with pytest.raises(ValueError, match="for 3 fed"):
+        cache.inputs([0], [3], 3, trees=[kv.TreeFeed.from_parents(0, [-1, 0])])
+
+
+def test_a_tree_grown_over_several_forwards_sees_its_earlier_ancestors() -> None:
+    """A draft grows its tree a depth per forward: depth 2's nodes see the depth-1 node they follow,
+    written by the forward before, and not its sibling."""
+    model = llama(2, init=0.02, layers=2).to(torch.bfloat16)
+    exact.install(model)
+    context = CONTEXTS[1]
+    cache = fresh(model, [context])
+    start = cache.lengths[0]
+    kv.feed(model, cache, [0], [[11, 12]], all_logits=True, trees=[kv.TreeFeed(start, [start, start], [[], []])])
+    # slots start (11) and start + 1 (12) are siblings at the same position; now 21 under 11, 22 under 12
+    grown = kv.TreeFeed(start, [start + 1, start + 1], [[start], [start + 1]])
+    logits = kv.feed(model, cache, [0], [[21, 22]], all_logits=True, trees=[grown])[0]
+    assert torch.equal(logits[0], chain_logits(model, context, [11, 21]))
+    assert torch.equal(logits[1], chain_logits(model, context, [12, 22]))
