@@ -74,6 +74,7 @@ class Engine:
         compile: bool = False,
         compile_dir: Path | str | None = None,
         json_whitespace: str = "compact",
+        tree_budget: int | None = None,
     ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
@@ -101,7 +102,10 @@ class Engine:
         if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
         self.k = k
-        self.policy = DynamicK(k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3)
+        trees = tree_budget if self.drafter is not None and self.drafter.builds_trees else None
+        self.policy = DynamicK(
+            k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3, tree_budget=trees
+        )
         self.target_id = target_id
         self.draft_id = draft_id or (
             draft if isinstance(draft, str) else self.drafter.name if self.drafter else "model"

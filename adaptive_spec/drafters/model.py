@@ -71,7 +71,12 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(
-        self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+        self,
+        cache: kv.BatchCache,
+        rows: list[DraftRow],
+        ks: list[int],
+        free: list[list[int]] | None = None,
+        depths: list[int] | None = None,
     ) -> list[Proposal]:
         ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]

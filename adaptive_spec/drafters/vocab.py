@@ -83,6 +83,23 @@ class DraftVocab:
                 )
         return (choice if self.ids is None else int(self.ids[choice])), probs
 
+    def candidates(self, logits: torch.Tensor, row: DraftRow, path: list[int], count: int) -> list[tuple[int, float]]:
+        """A tree's children after `path`: the `count` likeliest tokens of the row's processed draft
+        distribution (its constraints and sampling parameters applied) with their log-probabilities,
+        best first, as full-vocabulary ids; [] where nothing may be drawn. They are candidates, not
+        samples: the target's tree rule (acceptance.tree_rejection_sample) keeps the output exact."""
+        if row.constraints is not None:
+            logits = row.constraints.draft(logits, path, self.ids)
+        if not _drawable(logits):
+            return []
+        if row.params.greedy:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+        else:
+            logprobs = logits_to_probs(logits[None].float(), row.params)[0].log()
+        best = logprobs.topk(min(count, logprobs.shape[0]))
+        chosen = [(int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True) if v > -math.inf]
+        return chosen if self.ids is None else [(int(self.ids[i]), v) for i, v in chosen]
+
 
 def _drawable(logits: torch.Tensor) -> bool:
     """logits [n_vocab] name a distribution: some token is finite, none is NaN or +inf (-inf is a masked
