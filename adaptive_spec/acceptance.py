@@ -82,3 +82,89 @@ def rejection_sample(
     if total <= 0:  # only reachable through rounding, when the two rows are equal
         residual, total = target_probs[num_accepted], 1.0
     return Verdict(num_accepted, int(sample((residual / total)[None], generator)[0]))
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    path: list[int]  # the accepted nodes, root to leaf: indices into the tree's draft tokens
+    next_token: int  # the recovered token (at the first node none of whose children was kept) or the bonus
+
+
+def children_of(parents: list[int]) -> dict[int, list[int]]:
+    """Node -> its children in draft order; -1 is the root (the pending token)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    return children
+
+
+def tree_greedy_accept(draft_tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> TreeVerdict:
+    """Walk the tree down the target's argmax.
+
+    draft_tokens:  [m]            the tree's tokens, node by node
+    parents:       m ints         node j's parent node, -1 for a child of the pending token
+    target_logits: [m + 1, vocab] the target's logits after the pending token, then after each node
+
+    Example: nodes [5, 8, 9, 2] with parents [-1, -1, 0, 0] (5 and 8 after the pending token, 9
+    and 2 after 5) and argmaxes [5, ., ., 2, .] at [pending, node 0, 1, 2, 3]: the target wants 5,
+    node 0 has it; after 5 it wants 2 (row 1), node 3 has it; after node 3 it wants whatever row 4
+    says, and no node follows node 3, so that is the bonus token. path = [0, 3]. A chain is the
+    tree with parents [-1, 0, 1, ...], and then this is `greedy_accept`.
+    """
+    choice = target_logits.argmax(dim=-1).tolist()  # [m + 1]
+    tokens = draft_tokens.tolist()
+    children = children_of(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        wanted = choice[node + 1]
+        kept = next((child for child in children.get(node, []) if tokens[child] == wanted), None)
+        if kept is None:
+            return TreeVerdict(path, wanted)
+        path.append(kept)
+        node = kept
+
+
+def tree_rejection_sample(
+    draft_tokens: torch.Tensor, parents: list[int], target_probs: torch.Tensor, generator: torch.Generator | None
+) -> TreeVerdict:
+    """Recursive rejection sampling over a tree of deterministic candidates (SpecInfer; EAGLE).
+
+    draft_tokens: [m]            the tree's tokens: at each node, its children are distinct tokens
+                                 the draft chose (its top candidates), not samples
+    parents:      m ints         as in `tree_greedy_accept`
+    target_probs: [m + 1, vocab] the target's processed distribution after the pending token, then
+                                 after each node
+
+    At the current node with distribution p, the children are tried in draft order: child c is
+    kept with probability r(c) / sum(r), where r is p with the children tried before it removed
+    (the residual of a one-hot draft); if none is kept the next token is drawn from the last r.
+    Then the walk continues below the kept child. Each emitted token follows p exactly: child 1
+    comes out with p(c1), child 2 with (1 - p(c1)) * p(c2) / (1 - p(c1)) = p(c2), and a token
+    outside the candidates with (1 - p(c1) - p(c2)) * p(x) / (1 - p(c1) - p(c2)) = p(x).
+
+    Example: p = {A: 0.5, B: 0.3, C: 0.2}, children A then B. A is kept with probability 0.5;
+    otherwise B with 0.3 / 0.5 = 0.6; otherwise C (the residual holds only C).
+    """
+    tokens = draft_tokens.tolist()
+    children = children_of(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        residual = target_probs[node + 1].clone()
+        kept = None
+        for child in children.get(node, []):
+            total = residual.sum()
+            mass = residual[tokens[child]]
+            if total <= 0:
+                break
+            if float(torch.rand((), generator=generator, device=residual.device)) * total < mass:
+                kept = child
+                break
+            residual[tokens[child]] = 0.0
+        if kept is None:
+            if residual.sum() <= 0:  # only through rounding: every token of p was a candidate
+                residual = target_probs[node + 1]
+            return TreeVerdict(path, int(sample((residual / residual.sum())[None], generator)[0]))
+        path.append(kept)
+        node = kept

@@ -173,6 +173,7 @@ class AdapterDir:
         Example: weights hashing to 9f2c... with a checksum.sha256 of 9f2c... and metadata naming
         41aa... fail with reason "checksum": one of the three was changed after the trainer sealed it.
         Without `require_checksum` a directory with no checksum.sha256 passes (a hand-made adapter).
+        Last, every weight must be a finite number (`_check_finite`, reason "corrupt").
         """
         missing = AdapterError(
             f"{self.path}: not an adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})", "missing"
@@ -194,7 +195,23 @@ class AdapterDir:
             raise missing
         self._verify_shipped(self.ngrams_file, NGRAMS_SHA_KEY, listed, metadata, must_be_listed=sealed)
         self._verify_shipped(self.vocab_file, VOCAB_SHA_KEY, listed, metadata, must_be_listed=False)
+        self._check_finite()
         return actual
+
+    def _check_finite(self) -> None:
+        """Every floating-point weight is finite. A checksum says the file is what its writer wrote, not
+        that the writer was sane: a version with one NaN or Inf weight (a hand promotion, any MLflow
+        writer) passed every other check, and its draft's probabilities were NaN, so torch.multinomial
+        failed every sampled row of each batch step it drafted for."""
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(self.weights), framework="pt") as weights:
+                bad = [name for name in weights.keys() if not _finite(weights.get_tensor(name))]  # noqa: SIM118 (safe_open is not iterable)
+        except (SafetensorError, OSError) as exc:
+            raise AdapterError(f"{self.path}: unreadable adapter: {exc}", "corrupt") from None
+        if bad:
+            raise AdapterError(f"{self.path}: {', '.join(bad[:3])} hold NaN or Inf weights", "corrupt")
 
     def _verify_shipped(self, file: Path, key: str, listed: dict[str, str], metadata: dict, *,
                         must_be_listed: bool) -> None:  # fmt: skip
@@ -285,6 +302,10 @@ def check_claims(file: Path, actual: str, claims: dict[str, str | None]) -> None
                 f"says {str(claimed)[:12]}...; the file is corrupt or was changed",
                 "checksum",
             )
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
 
 
 def _token_ids(ids, vocab_size: int) -> bool:

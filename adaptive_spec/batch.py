@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adaptive_spec import kv
-from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
+from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
 from adaptive_spec.adapter_slots import AdapterSlot
 from adaptive_spec.constraints import Constraints
 from adaptive_spec.drafters import Proposal, no_proposal
@@ -228,7 +228,7 @@ class Batch:
             ks, free = self._choose_k()
             proposals, draft_s = self._draft(ks, free)
             target_logits, verify_s = self._verify(proposals)
-            verdicts = self._accept(proposals, target_logits)
+            proposals, target_logits, verdicts = self._accept(proposals, target_logits)
             emitted = self._commit(proposals, verdicts)
         self._observe(proposals, draft_s, verify_s)
         self.last_step = (len(self.rows), max(ks))
@@ -255,13 +255,27 @@ class Batch:
         if not any(ks):
             return [no_proposal(self.engine.device) for _ in self.rows], 0.0
         started = self.engine.clock()
-        proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free)
+        policy, depths = self.engine.policy, None
+        if policy.tree_budget is not None and self.drafter.builds_trees:  # k is each tree's depth
+            depths = ks
+            copied = free or [[] for _ in ks]
+            ks = [k if copy else policy.tree_nodes(k) for k, copy in zip(ks, copied, strict=True)]
+        proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free, depths)
         return proposals, self.engine.clock() - started
 
     def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
-        """One target forward over every row's [pending, d1..dk]: per row logits [k + 1, vocab]."""
+        """One target forward over every row's [pending, d1..dk], a chain or a tree: per row logits [k + 1, vocab]."""
         started = self.engine.clock()
         feeds = [[row.ids[-1], *p.tokens.tolist()] for row, p in zip(self.rows, proposals, strict=True)]
+        trees = None
+        if any(p.parents is not None for p in proposals):  # every node sees the context and its ancestors
+            trees = [
+                kv.TreeFeed.from_parents(
+                    self.target_cache.lengths[row.slot],
+                    [-1, *(q + 1 for q in p.parents)] if p.parents is not None else list(range(-1, len(p.tokens))),
+                )
+                for row, p in zip(self.rows, proposals, strict=True)
+            ]
         out = kv.feed(
             self.engine.target,
             self.target_cache,
@@ -269,6 +283,7 @@ class Batch:
             feeds,
             all_logits=True,
             hidden=self.wants_hidden,
+            trees=trees,
         )
         logits, hidden = out if self.wants_hidden else (out, None)  # [batch, width, vocab], [batch, width, hidden]
         width = logits.shape[1]
@@ -278,17 +293,68 @@ class Batch:
         )
         return per_row, self.engine.clock() - started
 
-    def _accept(self, proposals: list[Proposal], target_logits: list[torch.Tensor]) -> list[Verdict]:
-        verdicts = []
-        for row, proposal, logits in zip(self.rows, proposals, target_logits, strict=True):
-            if row.constraints is not None:  # the trace keeps the raw logits: what the target wanted
-                logits = row.constraints.target(logits, proposal.tokens.tolist())
-            if row.params.greedy:
-                verdicts.append(greedy_accept(proposal.tokens, logits))
+    def _accept(
+        self, proposals: list[Proposal], target_logits: list[torch.Tensor]
+    ) -> tuple[list[Proposal], list[torch.Tensor], list[Verdict]]:
+        """Each row's verdict. A tree's is the path the target kept: from here on the row's proposal
+        is that path (with the columns it was verified at) and its logits those of the path."""
+        settled, settled_logits, verdicts = [], [], []
+        for row, proposal, raw in zip(self.rows, proposals, target_logits, strict=True):
+            if proposal.parents is not None:
+                proposal, raw, verdict = self._accept_tree(row, proposal, raw)
             else:
-                target_probs = logits_to_probs(logits, row.params)  # [k + 1, vocab]
-                verdicts.append(rejection_sample(proposal.tokens, proposal.probs, target_probs, row.generator))
-        return verdicts
+                logits = raw  # the trace keeps the raw logits: what the target wanted
+                if row.constraints is not None:
+                    logits = row.constraints.target(raw, proposal.tokens.tolist())
+                if row.params.greedy:
+                    verdict = greedy_accept(proposal.tokens, logits)
+                else:
+                    target_probs = logits_to_probs(logits, row.params)  # [k + 1, vocab]
+                    verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, row.generator)
+            settled.append(proposal)
+            settled_logits.append(raw)
+            verdicts.append(verdict)
+        return settled, settled_logits, verdicts
+
+    def _accept_tree(self, row: Row, tree: Proposal, raw: torch.Tensor) -> tuple[Proposal, torch.Tensor, Verdict]:
+        """A tree's verdict (acceptance.py), as the chain of the path it kept. raw: [nodes + 1, vocab]."""
+        tokens, parents = tree.tokens.tolist(), tree.parents
+        paths = [[]]  # per verify column: the draft tokens before it (column 0: the pending token)
+        for node, parent in enumerate(parents):
+            paths.append([*paths[parent + 1], tokens[node]])
+        logits = raw
+        if row.constraints is not None:  # each node's distribution under the grammar and penalties of its own path
+            per_node = [row.constraints.target(raw[[0]], [])[0]]
+            for node in range(len(tokens)):
+                along = raw[[0, *self._columns(parents, node)]]  # [depth + 1, vocab]: the root, then the path
+                per_node.append(row.constraints.target(along, paths[node + 1])[-1])
+            logits = torch.stack(per_node)
+        if row.params.greedy:
+            kept = tree_greedy_accept(tree.tokens, parents, logits)
+        else:
+            kept = tree_rejection_sample(tree.tokens, parents, logits_to_probs(logits, row.params), row.generator)
+        columns = [0, *(node + 1 for node in kept.path)]
+        depth = max(len(path) for path in paths)
+        path = Proposal(
+            tree.tokens[kept.path],
+            None,
+            tree.forwards,
+            tree.fed,
+            tree.free,
+            verified=len(tokens),
+            depth=depth,
+            columns=columns,
+        )
+        return path, raw[columns], Verdict(len(kept.path), kept.next_token)
+
+    @staticmethod
+    def _columns(parents: list[int], node: int) -> list[int]:
+        """The verify columns of `node`'s ancestors and itself, root first (column = node + 1)."""
+        chain = []
+        while node >= 0:
+            chain.append(node + 1)
+            node = parents[node]
+        return chain[::-1]
 
     def _commit(self, proposals: list[Proposal], verdicts: list[Verdict]) -> list[list[int]]:
         """Extend each row's context and roll its caches back to it; return the emitted tokens."""
@@ -299,9 +365,12 @@ class Batch:
             row.ids += tokens
             if row.constraints is not None:
                 row.constraints.commit(tokens)
+            columns = proposal.columns or list(range(verdict.num_accepted + 1))
+            if proposal.columns is not None:  # a tree's path: its keys and values to a chain's slots
+                self.target_cache.keep(row.slot, before - 1, columns)
             self.target_cache.set_length(row.slot, len(row.ids) - 1)
             if self.drafter is not None:  # kept: the pending token's and the accepted drafts' states
-                kept = None if self._verified_hidden is None else self._verified_hidden[i][: verdict.num_accepted + 1]
+                kept = None if self._verified_hidden is None else self._verified_hidden[i][columns]
                 self.drafter.on_commit(self.draft_cache, row, before, kept)
             emitted.append(tokens)
         return emitted
@@ -309,7 +378,7 @@ class Batch:
     # ---------------------------------------------------------------- around the step
 
     def _observe(self, proposals: list[Proposal], draft_s: float, verify_s: float) -> None:
-        width = 1 + max(len(p.tokens) for p in proposals)
+        width = 1 + max(p.drafted for p in proposals)
         draft_rows = sum(1 for p in proposals if p.forwards)
         forwards = max(p.forwards for p in proposals)
         catch_up = any(p.fed > 2 for p in proposals)
@@ -331,15 +400,15 @@ class Batch:
         row.finish, keep = self.engine.finish(row.request, row.out, len(row.ids))
         cut = len(row.out) - keep
         del row.out[keep:]
-        drafted = len(proposal.tokens)
+        drafted, reach = proposal.drafted, proposal.reach  # a tree: its size, and its depth
         emitted_now = len(emitted) - cut
         row.stats.add(
             StepStats(drafted, verdict.num_accepted, emitted_now, proposal.forwards, draft_s, verify_s, proposal.free)
         )
         if proposal.free:
-            row.free_alpha = self.engine.policy.observe_free(row.free_alpha, drafted, verdict.num_accepted, row.key)
+            row.free_alpha = self.engine.policy.observe_free(row.free_alpha, reach, verdict.num_accepted, row.key)
         else:
-            row.alpha = self.engine.policy.observe_row(row.alpha, drafted, verdict.num_accepted, row.key)
+            row.alpha = self.engine.policy.observe_row(row.alpha, reach, verdict.num_accepted, row.key)
         if row.finish is None:
             return Chunk(emitted)
         return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))

@@ -28,14 +28,18 @@ start pays for compiling: about N s on the default model on 2 cores, seconds aft
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from adaptive_spec import exact, kv
 
@@ -108,13 +112,35 @@ class CompiledStep:
         return logits, states
 
     def __call__(self, ids, positions, mask, cache):
-        started = time.perf_counter() if self.calls == 0 else None
-        with torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False):
+        shapes = torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False)
+        with _progress() if self.calls == 0 else contextlib.nullcontext(), shapes:
             out = self._step(ids, positions, mask, cache)
-        if started is not None:
-            log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
         self.calls += 1
         return out
+
+
+@contextlib.contextmanager
+def _progress():
+    """The first call compiles: a bar on stderr shows the time it has taken (the total is unknown:
+    minutes the first time on a machine, seconds when the cache has it), and the log says the end."""
+    started = time.perf_counter()
+    done = threading.Event()
+    bar = tqdm(desc="compiling the decoding step", bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False)
+
+    def tick() -> None:
+        while not done.wait(1.0):
+            bar.update(0)
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="compile-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
+        log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
 
 
 def install(model: nn.Module, cache_dir: Path | str | None = None) -> CompiledStep:

@@ -68,6 +68,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from adaptive_spec.drafters.tree import TOPK
+
 
 def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
     """Tokens emitted per target forward when drafting k, each accepted with probability alpha.
@@ -196,6 +198,9 @@ class DynamicK:
     alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> Acceptance
     free_overall: Acceptance = field(default_factory=lambda: Acceptance(0.5))  # free proposals, all keys
     free_alphas: dict = field(default_factory=dict)  # (domain, adapter version) -> Acceptance of free proposals
+    # Draft trees (drafters/tree.py): k is then the tree's depth, and a row verifies up to tree_budget
+    # nodes; its acceptance by position is the tree's by depth. None: chains.
+    tree_budget: int | None = None
     _plain_steps: int = 0
     _probe_wait: int = 0  # plain steps before the next probe; 0: probe_every
 
@@ -229,6 +234,15 @@ class DynamicK:
         """The engine-wide estimate: where a row of an unseen key without a gated figure starts."""
         return self.overall.estimate(self.prior_trials)
 
+    def tree_nodes(self, depth: int) -> int:
+        """The node budget of a tree of `depth` levels: TOPK candidates per level, up to tree_budget.
+        Example: budget 16, depth 3 -> 12 nodes, so a verify of 13 tokens per row."""
+        return min(self.tree_budget, TOPK * depth) if self.tree_budget is not None and depth > 0 else depth
+
+    def verify_width(self, k: int) -> int:
+        """Tokens a row feeds the target when it drafts k: the pending token, then k drafts or a tree."""
+        return 1 + self.tree_nodes(k)
+
     def target_s(self, tokens: int) -> float:
         measured = self.target.estimate(tokens)
         return measured if measured is not None else self.target.prior(tokens)
@@ -248,7 +262,7 @@ class DynamicK:
         best_k, best = 0, n / self.target_s(n)
         for k in range(1, k_limit + 1):
             tokens = sum(expected_tokens(a, min(k, lim)) for a, lim in zip(alphas, limits, strict=True))
-            rate = tokens / (k * self.draft_s(drafting) + self.target_s(n * (k + 1)))
+            rate = tokens / (k * self.draft_s(drafting) + self.target_s(n * self.verify_width(k)))
             if rate > best:
                 best_k, best = k, rate
         if best_k > 0:
@@ -325,7 +339,7 @@ class DynamicK:
         k_limit = min(max([*limits, *free_lengths], default=0), self.k_max)
         best, plan = n / self.target_s(n), (0, [False] * n, False)  # plain
         for k in range(1, k_limit + 1):
-            verify = self.target_s(n * (k + 1))
+            verify = self.target_s(n * self.verify_width(k))
             free_gain = [
                 expected_tokens(f, min(k, length)) if length else 1.0
                 for f, length in zip(free_alphas, free_lengths, strict=True)

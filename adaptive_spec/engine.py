@@ -37,7 +37,7 @@ from adaptive_spec.contracts import COMPILE_ENV, DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
-from adaptive_spec.grammar import GrammarError, Grammars
+from adaptive_spec.grammar import WHITESPACE, GrammarError, Grammars
 from adaptive_spec.models import data_dir, load_model, resolve_device, serving_dtype
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
@@ -73,6 +73,8 @@ class Engine:
         max_adapters: int = 8,
         compile: bool = False,
         compile_dir: Path | str | None = None,
+        json_whitespace: str = "compact",
+        tree_budget: int | None = None,
     ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
@@ -100,7 +102,10 @@ class Engine:
         if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
         self.k = k
-        self.policy = DynamicK(k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3)
+        trees = tree_budget if self.drafter is not None and self.drafter.builds_trees else None
+        self.policy = DynamicK(
+            k_max=k_max, prior_draft_cost=self.drafter.prior_cost if self.drafter else 0.3, tree_budget=trees
+        )
         self.target_id = target_id
         self.draft_id = draft_id or (
             draft if isinstance(draft, str) else self.drafter.name if self.drafter else "model"
@@ -110,6 +115,9 @@ class Engine:
         self.max_context = getattr(target.config, "max_position_embeddings", None)
         self.eos_ids = eos_ids(target, tokenizer, eos_token_id)
         self._grammars: Grammars | None = None  # built on the first structured request (grammar.py)
+        if json_whitespace not in WHITESPACE:
+            raise ValueError(f"json_whitespace must be one of {', '.join(WHITESPACE)}, not {json_whitespace!r}")
+        self.json_whitespace = json_whitespace  # structured outputs' whitespace policy (grammar.WHITESPACE)
         self._home_thread = threading.get_ident()  # the thread that loaded the models
         self.step_lock = threading.Lock()  # held for each decoding step; adapter swaps take it between steps
         self._batches: weakref.WeakSet[Batch] = weakref.WeakSet()  # open batches, told when the draft changes
@@ -424,7 +432,9 @@ class Engine:
             raise InputError("response_format needs a tokenizer; this engine has none")
         try:
             if self._grammars is None:
-                self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)
+                self._grammars = Grammars(
+                    self.tokenizer, self.vocab_size, self.eos_ids, whitespace=self.json_whitespace
+                )
             return self._grammars.compile(response_format)
         except GrammarError as exc:
             raise InputError(str(exc)) from None

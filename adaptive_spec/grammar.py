@@ -21,8 +21,14 @@ Two llguidance behaviours this module hides:
   undo the closing brace instead. EOS never goes to llguidance: it is allowed exactly when the
   matcher is in an accepting state, and tracked here.
 
-JSON whitespace between elements is bounded (`WHITESPACE`: up to 8 spaces or newlines): any run
-of whitespace would allow ~160 tokens at each position and a small model can loop on them.
+Whitespace between JSON elements follows a policy (`WHITESPACE`), `compact` by default, as OpenAI's
+structured outputs write it: at most one space where JSON allows whitespace, so
+`{"name": "Ada", "tags": ["x", "y"]}` and `{"name":"Ada"}` both pass but no newline or run of
+spaces does. Each whitespace position would otherwise let a small model spend its budget there: the
+default model answered a three-field schema with `\n\n,\n\n` between fields and ran out of a
+96-token budget inside a string. `pretty` allows up to 8 spaces or newlines (indented output); any
+policy is bounded, since unbounded whitespace allows ~160 tokens at each position and a small
+model can loop on them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-WHITESPACE = r"[\x20\x0A]{0,8}"
+WHITESPACE = {"compact": r"\x20?", "pretty": r"[\x20\x0A]{0,8}"}  # the JSON whitespace policies
 MAX_SCHEMA_BYTES = 64 * 1024
 
 
@@ -46,9 +52,13 @@ class Grammars:
     """Everything tied to one tokenizer and vocabulary, built once per engine (~0.5 s), with a
     cache of compiled grammars keyed by their schema."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids, cache_size: int = 128):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids, cache_size: int = 128, whitespace: str = "compact"):
         import llguidance
         import llguidance.hf  # not llguidance.torch: it compiles kernels at import (~3.5 s)
+
+        if whitespace not in WHITESPACE:
+            raise ValueError(f"JSON whitespace policy must be one of {', '.join(WHITESPACE)}, not {whitespace!r}")
+        self.whitespace = WHITESPACE[whitespace]
 
         self._llg = llguidance
         eos = sorted({eos_ids} if isinstance(eos_ids, int) else set(eos_ids))
@@ -75,7 +85,7 @@ class Grammars:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            spec = self._llg.LLMatcher.grammar_from_json_schema(key, overrides={"whitespace_pattern": WHITESPACE})
+            spec = self._llg.LLMatcher.grammar_from_json_schema(key, overrides={"whitespace_pattern": self.whitespace})
         except ValueError as exc:
             raise GrammarError(f"response_format: {exc}") from None
         template = self._llg.LLMatcher(self.tokenizer, spec, log_level=0)

@@ -30,6 +30,7 @@ import itertools
 import threading
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -126,7 +127,12 @@ class BatchCache:
     # ------------------------------------------------------------------ a forward
 
     def inputs(
-        self, rows: list[int], fed: list[int], width: int, whole: bool = False
+        self,
+        rows: list[int],
+        fed: list[int],
+        width: int,
+        whole: bool = False,
+        trees: list[TreeFeed] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
         """Position ids `[n, width]` and the attention mask `[n, 1, width, kv_len]` (True = attend; per
         layer type for a model with sliding-window layers: {"full_attention": ..., "sliding_attention": ...})
@@ -134,39 +140,61 @@ class BatchCache:
         `update` at those rows.
 
         Right-aligned, every row's last token is in the last column (`logits_to_keep=1` works for
-        all rows). The padding columns in front get the positions just past the row's real
-        tokens, so their keys land where no real query looks, and the row's real tokens keep
-        positions `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2
-        tokens in width 4 gets positions [7, 8, 5, 6].
+        all rows). The padding columns in front get the slots just past the row's real tokens, so
+        their keys land where no real query looks, and the row's real tokens are written at slots
+        `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2 tokens in
+        width 4 gets slots (and positions) [7, 8, 5, 6].
+
+        `trees` (draft trees, `TreeFeed` per row): each fed token is still written at its own slot,
+        but its position and what it sees are the tree's: the row's context, its own ancestors and
+        itself, not its siblings or cousins (`TreeFeed.from_parents` for a tree fed whole).
+        Without `trees` every feed is a chain.
 
         `whole` (a compiled step, compiled.py): `rows` are 0..n-1 and the mask covers the whole
         capacity, so that the step's shapes change only when the capacity grows.
         """
-        starts = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # [n, 1]
-
-        pads = width - torch.tensor(fed, device=self.device)[:, None]  # [n, 1]
-        columns = torch.arange(width, device=self.device)[None, :]  # [1, width]
-        positions = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)
-        kv_len = int(positions.max()) + 1
+        device = self.device
+        starts = torch.tensor([self.lengths[r] for r in rows], device=device)[:, None]  # [n, 1]
+        pads = width - torch.tensor(fed, device=device)[:, None]  # [n, 1]
+        columns = torch.arange(width, device=device)[None, :]  # [1, width]
+        slots = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)  # [n, width]
+        kv_len = int(slots.max()) + 1
         self._reserve(len(self.lengths), kv_len)
         self._whole = whole
         if whole:
             kv_len = self._capacity
-            self._token_rows = torch.arange(len(rows), device=self.device).repeat_interleave(width)  # [n * width]
-            self._token_positions = positions.reshape(-1)  # [n * width]
-        self._active = (
-            slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=self.device)
-        )
-        self._positions = positions
+            self._token_rows = torch.arange(len(rows), device=device).repeat_interleave(width)  # [n * width]
+            self._token_positions = slots.reshape(-1)  # [n * width]
+        self._active = slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=device)
+        self._positions = slots
         self._kv_len = kv_len
-        keys = torch.arange(kv_len, device=self.device)  # [kv_len]
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, width, kv_len]
+        keys = torch.arange(kv_len, device=device)  # [kv_len]
+        positions = slots
+        mask = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]
+        if trees is not None:
+            positions, mask = _tree_inputs(trees, fed, width, slots, mask)
+        mask = mask[:, None]  # [n, 1, width, kv_len]
         if self.window is None:
             return positions, mask
         sliding = mask & (keys[None, None, None, :] > positions[:, None, :, None] - self.window)
         if self.layer_types is None:  # every layer slides (Mistral)
             return positions, sliding
         return positions, {kind: sliding if kind == "sliding_attention" else mask for kind in self.layer_types}
+
+    @torch.inference_mode()
+    def keep(self, row: int, start: int, kept: list[int]) -> None:
+        """After a tree was verified from slot `start` on: move the fed tokens at offsets `kept`
+        (increasing; the path the target accepted) to slots start, start + 1, ..., in every layer.
+        The row's length is the caller's to set. A chain's path [0, 1, 2] moves nothing."""
+        moves = [(start + i, start + k) for i, k in enumerate(kept) if k != i]
+        if not moves:
+            return
+        targets = torch.tensor([t for t, _ in moves], device=self.device)
+        sources = torch.tensor([s for _, s in moves], device=self.device)
+        for buffers in (self.keys, self.values):
+            for layer in buffers:
+                if layer is not None:
+                    layer[row, :, targets] = layer[row, :, sources]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Called by each attention layer: write the fed tokens' keys and values, return every
@@ -239,6 +267,56 @@ class BatchCache:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
 
 
+@dataclass
+class TreeFeed:
+    """Where one row's fed tokens sit in a draft tree (BatchCache.inputs).
+
+    Example: 5 cached tokens fed [p, a, b, c] where a and b both follow p and c follows a:
+    `TreeFeed.from_parents(5, [-1, 0, 0, 1])` gives positions [5, 6, 6, 7], and c sees slots 5
+    (p) and 6 (a) besides the context 0-4 and itself (slot 8), not b (slot 7). A feed may also
+    continue a tree fed in earlier forwards (a draft growing its tree depth by depth): its tokens
+    then see slots written before, past the context.
+    """
+
+    context: int  # slots [0, context) are the row's context: every fed token sees them
+    positions: list[int]  # each fed token's position
+    sees: list[list[int]]  # each fed token's other visible slots past the context (its ancestors)
+
+    @classmethod
+    def from_parents(cls, start: int, parents: list[int]) -> TreeFeed:
+        """A tree fed whole from slot `start` (the row's length): token j continues token
+        parents[j] of the feed, or the context when -1."""
+        positions: list[int] = []
+        sees: list[list[int]] = []
+        for j, parent in enumerate(parents):
+            if not -1 <= parent < j:
+                raise ValueError(f"token {j} has parent {parent}; a parent comes before its child")
+            positions.append(start if parent < 0 else positions[parent] + 1)
+            sees.append([] if parent < 0 else [*sees[parent], start + parent])
+        return cls(start, positions, sees)
+
+
+def _tree_inputs(trees: list[TreeFeed], fed: list[int], width: int, slots: torch.Tensor, causal: torch.Tensor):
+    """Position ids and the [n, width, kv_len] mask of tree feeds; padding columns keep their
+    slots and their causal view, out of every real token's sight."""
+    positions, mask = slots.clone(), causal.clone()
+    seen_rows, seen_columns, seen_slots = [], [], []
+    for i, (tree, count) in enumerate(zip(trees, fed, strict=True)):
+        if len(tree.positions) != count or len(tree.sees) != count:
+            raise ValueError(f"row {i}: a tree of {len(tree.positions)} tokens for {count} fed")
+        pad = width - count
+        positions[i, pad:] = torch.tensor(tree.positions, device=slots.device)
+        mask[i, pad:] = False
+        mask[i, pad:, : tree.context] = True
+        for j, visible in enumerate(tree.sees):
+            for slot in [*visible, int(slots[i, pad + j])]:
+                seen_rows.append(i)
+                seen_columns.append(pad + j)
+                seen_slots.append(slot)
+    mask[seen_rows, seen_columns, seen_slots] = True
+    return positions, mask
+
+
 def _contiguous(rows: list[int]) -> bool:
     return all(b == a + 1 for a, b in itertools.pairwise(rows))
 
@@ -265,6 +343,7 @@ def feed(
     all_logits: bool = False,
     decoder_only: bool = False,
     hidden: bool = False,
+    trees: list[TreeFeed] | None = None,
 ):
     """Run `model` on `feeds[i]` after row `rows[i]`'s cached context and advance each row's length.
 
@@ -273,7 +352,9 @@ def feed(
     `decoder_only`, the decoder's last hidden state `[n, hidden]` instead of logits. With
     `hidden`, also the hidden state entering the final norm at every fed position,
     `[n, width, hidden]` (what a head draft reads): `(logits, hidden)`. A single row feeding more
-    than PREFILL_CHUNK tokens (a prompt) runs in chunks.
+    than PREFILL_CHUNK tokens (a prompt) runs in chunks. With `trees`, each feed is (part of) a
+    draft tree (TreeFeed); its tokens still advance the row's length by one each, and the caller
+    keeps the accepted path (BatchCache.keep) and sets the length.
     """
     if len(rows) == 1 and len(feeds[0]) > PREFILL_CHUNK and not all_logits:
         tokens, states, *head, last = feeds[0], [], *prefill_chunks(len(feeds[0]))
@@ -288,8 +369,8 @@ def feed(
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     step = COMPILED.get(model)
     if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
-        return _compiled_feed(step, model, cache, feeds, hidden)
-    positions, mask = cache.inputs(rows, fed, width)
+        return _compiled_feed(step, model, cache, feeds, hidden, trees)
+    positions, mask = cache.inputs(rows, fed, width, trees=trees)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
@@ -308,7 +389,7 @@ def feed(
 COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
 
 
-def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool):
+def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool, trees=None):
     """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
     row gets a padding column, so that one graph serves every step (a graph specialised for a
     width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
@@ -317,7 +398,7 @@ def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidde
     width = max(COMPILED_MIN_WIDTH, *fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     cache.allocate_for(model)
-    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True)
+    positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True, trees=trees)
     logits, states = step(ids, positions, mask, cache)  # [n, width, vocab], [n, width, hidden]
     for row, n in enumerate(fed):
         cache.set_length(row, cache.lengths[row] + n)

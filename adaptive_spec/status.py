@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STATES = ("waiting", "promoted", "not promoted")
 
@@ -30,6 +30,9 @@ class TrainerStatusRecord:
     champion: str | None = None  # that lineage's champion, e.g. "v0004 (registry version 4)"
     candidate: dict | None = None  # the last round's candidate figures
     champion_figures: dict | None = None  # the champion's figures on the same held-out records
+    rejected_records: int = 0  # records the trainer's screen refused so far (trainer/intake/screening.py)
+    rejected_by_reason: dict = field(default_factory=dict)  # those, by reason
+    last_failure: dict | None = None  # the last round that raised: message, at, rounds_failed
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

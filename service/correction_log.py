@@ -173,6 +173,12 @@ class CorrectionLogWriter:
         with self._lock:
             return self._errors
 
+    @property
+    def alive(self) -> bool:
+        """The writing thread runs (or flushes after close()). Dead, records queue up and are then dropped
+        and counted, as while Redis is away; serving goes on (`GET /health` reports it, service/routers/ops.py)."""
+        return self._thread.is_alive() or self._closing
+
     def counters(self) -> dict[str, int]:
         """A consistent snapshot: submitted == written + dropped + queue_depth."""
         with self._lock:
@@ -186,6 +192,12 @@ class CorrectionLogWriter:
             }
 
     def _run(self) -> None:
+        try:
+            self._write_until_closed()
+        except BaseException:  # what a write cannot catch ends the thread: say so, /health reports it
+            log.critical("the correction-log writer died: records are queued, then dropped", exc_info=True)
+
+    def _write_until_closed(self) -> None:
         backoff = 0.0
         while True:
             with self._has_work:

@@ -32,7 +32,8 @@
 | drift_min_drafts | ADAPTIVE_SPEC_DRIFT_MIN_DRAFTS | 200 drafting steps in the window before the alert may fire |
 
 Secrets (the API key, the admin token, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
-so logging the settings is safe.
+so logging the settings is safe. The API key and the admin token lose surrounding whitespace when read: one
+written to a file by `echo` ends in a newline that no client sends, and would never match.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ class Settings(ModelOptions, EnvSettings):
     drift_min_drafts: int = 200
 
     def __post_init__(self) -> None:
+        for name in _SECRETS:  # read from a file or a k8s Secret, a token often ends in a newline no client sends
+            value = getattr(self, name)
+            if value is not None and value.strip() != value:
+                if not value.strip():
+                    raise ValueError(f"{name} is blank: unset it, or give a token")
+                object.__setattr__(self, name, value.strip())
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.k is not None and self.k < 0:

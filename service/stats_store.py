@@ -15,7 +15,7 @@ Redis layout (no RedisTimeSeries: plain hashes and one stream):
 |---|---|---|
 | `adaptive_spec:stats:b:{res}:{start}` | hash | one bucket of `res` s (10, 60, 600) from unix time `start`; field `{version}\\|{domain}\\|{name}` |
 | `adaptive_spec:stats:events` | stream | swap and rollback markers: kind, version, by, replica, and domain for a domain's adapter (`MAXLEN ~ 10000`) |
-| `adaptive_spec:stats:adapters` | hash | version -> JSON of the adapter's gate figures, written when a server loads it |
+| `adaptive_spec:stats:adapters` | hash | version -> JSON of the adapter's gate figures, written when a server loads it; every flush renews its EXPIRE of `retention_s`, so it lives as long as the buckets it explains |
 
 `version` is the served adapter version, "base" for the base draft, or "target" for requests
 decoded by the target alone (`speculative=False`, the speed baseline). `domain` is the request's
@@ -241,6 +241,7 @@ class StatsRecorder(StatsQueries):
                     pipe.expire(key, self._ttl(resolution))
                 if adapters:
                     pipe.hset(STATS_ADAPTERS_KEY, mapping=adapters)
+                pipe.expire(STATS_ADAPTERS_KEY, self.retention_s)  # renewed while traffic flows, as the buckets are
                 for event in events:
                     pipe.xadd(STATS_EVENTS_KEY, event, maxlen=EVENTS_MAXLEN, approximate=True)
                 pipe.execute()

@@ -145,6 +145,12 @@ class AdapterWatcher:
         )
         return self
 
+    @property
+    def alive(self) -> bool:
+        """The poll loop runs (True before start()). A dead one follows no promotion and no rollback, so
+        `GET /health` answers 503 (service/routers/ops.py); the pub/sub listener's death costs a poll at most."""
+        return not self._threads or self._threads[0].is_alive() or self._stop.is_set()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._wake.set()
@@ -321,14 +327,18 @@ class AdapterWatcher:
     # ---------------------------------------------------------------- threads
 
     def _poll_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception:  # keep watching whatever one check did
-                log.exception("adapter check failed")
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.check()
+                except Exception:  # keep watching whatever one check did
+                    log.exception("adapter check failed")
+                self.first_check.set()
+                self._wake.wait(self.poll_s)
+                self._wake.clear()
+        except BaseException:  # what a check cannot catch ends the thread: say so, /health reports it
+            log.critical("the adapter watcher died: this server follows no promotion or rollback", exc_info=True)
             self.first_check.set()
-            self._wake.wait(self.poll_s)
-            self._wake.clear()
 
 
 def open_registry(settings) -> AdapterRegistry | None:

@@ -17,6 +17,11 @@ stops between steps, never inside one, and its row leaves without disturbing the
 whose deadline passed while it was queued is never started. With `max_batch=1` it decodes one
 request at a time.
 
+A failed step or prefill fails its own rows and the loop goes on. Anything else that escapes the
+loop ends the thread: it is logged with its traceback and kept in `died`, every job running or
+queued gets `Ended("engine_dead")` (a 503 at once, not a 504 when its deadline passes), new jobs are
+refused, and `alive` turns False, so `GET /health` answers 503 and an orchestrator restarts the process.
+
 The thread that decodes should be the one that loaded the models (`engine_thread()`; Service.start
 does so). torch's CPU kernels run on OpenMP, and libgomp gives every thread that has run a parallel
 region its own team of workers, kept while that thread lives. Once the process has more such
@@ -48,7 +53,7 @@ _STOP = object()
 
 
 class Rejected(Exception):
-    """The job was not queued: `reason` is "queue_full" or "shutting_down"."""
+    """The job was not queued: `reason` is "queue_full", "shutting_down" or "engine_dead"."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -56,7 +61,7 @@ class Rejected(Exception):
 
 
 class Ended(Exception):
-    """The job stopped before its output: `reason` is "timeout", "disconnect" or "shutdown"."""
+    """The job stopped before its output: `reason` is "timeout", "disconnect", "shutdown" or "engine_dead"."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -158,6 +163,7 @@ class EngineWorker:
         self._waiting: Job | None = None  # taken from the queue, waiting for room for its n rows
         self._executor = thread
         self._done = threading.Event()  # set when the decoding loop has returned
+        self.died: BaseException | None = None  # what ended the decoding loop, if anything did but close()
 
     def start(self) -> None:
         if self._executor is not None:
@@ -166,12 +172,16 @@ class EngineWorker:
             threading.Thread(target=self._run, name="engine-worker", daemon=True).start()
 
     def submit(self, job: Job) -> None:
+        if self.died is not None:
+            raise Rejected("engine_dead")
         if self._closing:
             raise Rejected("shutting_down")
         try:
             self._queue.put_nowait(job)
         except queue.Full:
             raise Rejected("queue_full") from None
+        if self.died is not None:  # it died while this job went in: nobody else will end it
+            self._fail_everything()
 
     @property
     def waiting(self) -> int:
@@ -185,6 +195,11 @@ class EngineWorker:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def alive(self) -> bool:
+        """The decoding loop runs (or is draining after close()); False once something killed it."""
+        return self.died is None
 
     def close(self, timeout: float) -> None:
         """Refuse new jobs, let queued and running ones finish for up to `timeout` s, cancel the rest."""
@@ -220,8 +235,26 @@ class EngineWorker:
             for job in self._jobs():  # stopping: whatever still runs was cancelled
                 job.cancel(job.cancel_reason or "shutdown")
                 self._leave(batch, job, Ended(job.cancel_reason))
+        except BaseException as exc:  # the thread's end: nobody reads its Future, so say it here
+            self.died = exc
+            log.critical("engine worker died: no request can be served until this process restarts", exc_info=True)
+            self._fail_everything()
         finally:
             self._done.set()
+
+    def _fail_everything(self) -> None:
+        """After the loop died: every job it held or that waits in the queue ends now, as a 503."""
+        jobs = [job for job, _ in self._active.values()] + ([self._waiting] if self._waiting else [])
+        while True:
+            try:
+                jobs.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        self._active.clear()
+        for job in {id(job): job for job in jobs if isinstance(job, Job)}.values():
+            job.cancel("engine_dead")
+            job.post(Ended("engine_dead"))
+            self._end(job, None)
 
     def _admit(self, batch) -> bool:
         """Move queued jobs into the batch while it has room; wait for one when nothing runs.
@@ -269,7 +302,10 @@ class EngineWorker:
                 self._leave(batch, job, exc, cancelled=False)
             return
         if self.on_step is not None:
-            self.on_step(*batch.last_step)
+            try:
+                self.on_step(*batch.last_step)
+            except Exception:  # a metrics hook must not stop the engine
+                log.exception("engine worker: after-step hook failed")
         for row, chunk in results:
             job, chunk.index = self._active[row]
             if chunk.output is None:

@@ -85,9 +85,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def random_record(
-    seed: int = 0, n_out: int = 24, m: int = 16, n_prompt: int = 12, vocab: int = 49152, request_id: str | None = None
+    seed: int = 0,
+    n_out: int = 24,
+    m: int = 16,
+    n_prompt: int = 12,
+    vocab: int = 49152,
+    request_id: str | None = None,
+    target_id: str = "smollm2-135m-instruct",
+    draft_id: str = "early-exit:4",
 ) -> CorrectionRecord:
-    """A consistent random record: about half the positions drafted, some of those accepted."""
+    """A consistent random record: about half the positions drafted, some of those accepted. A trainer keeps
+    only records of its own target and draft (trainer/intake/screening.py)."""
     rng = np.random.default_rng(seed)
     output_ids = rng.integers(0, vocab, n_out)  # [n_out]
     drafted = rng.random(n_out) < 0.5  # [n_out]
@@ -97,8 +105,8 @@ def random_record(
         request_id=request_id or f"req-{seed}",
         created_at=1_700_000_000.0 + seed + rng.random(),
         domain=["json", None, "code"][seed % 3],
-        target_id="smollm2-135m-instruct",
-        draft_id="early-exit:4",
+        target_id=target_id,
+        draft_id=draft_id,
         adapter_version=None if seed % 2 else str(seed),
         temperature=[0.0, 0.7, 1.0][seed % 3],
         prompt_ids=rng.integers(0, vocab, n_prompt).tolist(),

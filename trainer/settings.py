@@ -19,7 +19,7 @@ building the command line's parser loads no trainer code.
 | gate_min_positions, gate_confidence | ADAPTIVE_SPEC_GATE_MIN_POSITIONS, ... | 128 held-out positions before the first decision, 0.99 (trainer/evaluation/decision.py) |
 | max_domains | ADAPTIVE_SPEC_MAX_DOMAINS | 8 domains with an adapter of their own; 0: one general adapter |
 | checkpoint_every_s, budget_s | ADAPTIVE_SPEC_CHECKPOINT_EVERY_S, _BUDGET_S | 30 s; none: until a signal |
-| retry_s, lease_ttl_s | ADAPTIVE_SPEC_RETRY_S, _LEASE_TTL_S | 10 s between registrations while MLflow is down; 10 s lease |
+| retry_s, lease_ttl_s, lease_stall_s | ADAPTIVE_SPEC_RETRY_S, _LEASE_TTL_S, _LEASE_STALL_S | 10 s between registrations while MLflow is down; 10 s lease, let go after 300 s without progress |
 
 `k` (of the model options) is not the trainer's: it trains the draft, whatever k serves it.
 """
@@ -53,6 +53,7 @@ class TrainerSettings(ModelOptions, EnvSettings):
     max_domains: int = 8  # domains with an adapter of their own; 0: one general adapter
     retry_s: float = 10.0  # between registration attempts while MLflow is down
     lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
+    lease_stall_s: float = 300.0  # ... which it does once the main loop made no progress for this long
 
     def argv(self, *, k: bool = False) -> list[str]:
         """The flags of a child `adaptive-spec train` with these settings: the model options, the data

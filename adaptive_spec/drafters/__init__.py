@@ -44,6 +44,21 @@ class Proposal:
     forwards: int = 0  # draft model forward passes spent on this row
     fed: int = 0  # context tokens the first forward fed: 1-2 normally, more to catch up after plain steps
     free: bool = False  # copied from the context or an n-gram index (free_first.py), no model forward
+    parents: list[int] | None = None  # a tree: token j follows token parents[j] (-1: the pending token); None: a chain
+    # Once the target kept a path of a tree, the proposal is that path (batch.py `_accept`):
+    verified: int | None = None  # the tree's size, every node of which the target verified
+    depth: int | None = None  # the tree's depth: how far the path could have gone
+    columns: list[int] | None = None  # the verify columns of the pending token and the path's nodes
+
+    @property
+    def drafted(self) -> int:
+        """Tokens the target verified beyond the pending one: the tree's size, or the chain's length."""
+        return self.verified if self.verified is not None else len(self.tokens)
+
+    @property
+    def reach(self) -> int:
+        """Positions the draft could have been accepted at: the tree's depth, or the chain's length."""
+        return self.depth if self.depth is not None else len(self.tokens)
 
 
 def no_proposal(device: torch.device) -> Proposal:
@@ -91,11 +106,19 @@ class Drafter:
         The batch adds, removes and copies its rows with the target's."""
         return None
 
+    builds_trees: bool = False  # propose(depths=...) returns trees (Proposal.parents)
+
     def propose(
-        self, cache, rows: Sequence[DraftRow], ks: list[int], free: list[list[int]] | None = None
+        self,
+        cache,
+        rows: Sequence[DraftRow],
+        ks: list[int],
+        free: list[list[int]] | None = None,
+        depths: list[int] | None = None,
     ) -> list[Proposal]:
         """Up to ks[i] tokens after rows[i].ids for each row. `free[i]`, when given, is the row's free
-        proposal that the policy chose to use (free_proposals)."""
+        proposal that the policy chose to use (free_proposals). With `depths` (a draft that
+        builds_trees), row i's proposal is a tree of at most ks[i] nodes and depths[i] levels."""
         raise NotImplementedError
 
     def free_proposals(self, rows: Sequence[DraftRow], limits: list[int]) -> list[list[int]] | None:

@@ -40,6 +40,7 @@ class FreeFirstDrafter(Drafter):
         self.wants_target_hidden = model.wants_target_hidden
         self.takes_adapters = model.takes_adapters
         self.prior_cost = model.prior_cost
+        self.builds_trees = model.builds_trees
 
     def new_cache(self):
         return self.model.new_cache()
@@ -69,7 +70,12 @@ class FreeFirstDrafter(Drafter):
         return [tokens if len(tokens) >= min(self.min_match, k) else [] for tokens, k in zip(free, limits, strict=True)]
 
     def propose(
-        self, cache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+        self,
+        cache,
+        rows: list[DraftRow],
+        ks: list[int],
+        free: list[list[int]] | None = None,
+        depths: list[int] | None = None,
     ) -> list[Proposal]:
         """Up to ks[i] tokens per row: `free[i]` when given and not empty (the policy chose the row's
         match), else the model's. Without `free`, every row with a match uses it."""
@@ -77,7 +83,7 @@ class FreeFirstDrafter(Drafter):
             free = self.free_proposals(rows, ks)
         free = [tokens[:k] for tokens, k in zip(free, ks, strict=True)]
         model_ks = [0 if tokens else k for tokens, k in zip(free, ks, strict=True)]
-        proposals = self.model.propose(cache, rows, model_ks)
+        proposals = self.model.propose(cache, rows, model_ks, depths=depths)
         for i, tokens in enumerate(free):
             if tokens:
                 proposals[i] = Proposal(

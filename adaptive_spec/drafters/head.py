@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from adaptive_spec import kv
-from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter
+from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.early_exit import decoder_layers
+from adaptive_spec.drafters.tree import TOPK, RowTree
 from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
@@ -158,6 +159,7 @@ class HeadDrafter(Drafter):
 
     wants_target_hidden = True
     takes_adapters = True
+    builds_trees = True
 
     def __init__(self, target, name: str = "head"):
         self.head = DraftHead(target).eval().requires_grad_(False)
@@ -220,11 +222,16 @@ class HeadDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(
-        self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+        self,
+        cache: kv.BatchCache,
+        rows: list[DraftRow],
+        ks: list[int],
+        free: list[list[int]] | None = None,
+        depths: list[int] | None = None,
     ) -> list[Proposal]:
         ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
-        feeds, fed = {}, {}
+        feeds, fed, trees = {}, {}, {}
         drafted: dict[int, list[int]] = {i: [] for i in drafting}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in drafting}
         for adapter, group in by_adapter(rows, drafting):
@@ -239,19 +246,24 @@ class HeadDrafter(Drafter):
                     self._feed(head, cache, [row.slot], [tokens[:-1]], [states[:-1]])
                     tokens, states = tokens[-1:], states[-1:]
                 feeds[i] = (tokens, states)
+            if depths is not None:
+                trees.update(self._grow(head, vocab, cache, rows, group, ks, depths, feeds))
+                continue
             while live := [i for i in group if len(drafted[i]) < ks[i]]:
                 slots = [rows[i].slot for i in live]
                 predicted = self._feed(head, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live])
                 logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
                 for j, i in enumerate(live):
                     token, row_probs = vocab.choose(logits[j], rows[i], drafted[i])
-                    if token is None:  # its constraints allow none of the draft's tokens
+                    if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                         ks[i] = len(drafted[i])
                         continue
                     drafted[i].append(token)
                     if row_probs is not None:
                         probs[i].append(row_probs)
                     feeds[i] = ([token], predicted[j : j + 1])
+        if depths is not None:
+            return [trees.get(i, no_proposal(self.device)) for i in range(len(rows))]
         return [
             Proposal(
                 torch.tensor(drafted.get(i, []), dtype=torch.long, device=self.device),
@@ -261,6 +273,50 @@ class HeadDrafter(Drafter):
             )
             for i in range(len(rows))
         ]
+
+    def _grow(self, head, vocab, cache, rows, group, budgets, depths, feeds) -> dict[int, Proposal]:
+        """Each row's draft tree (tree.py): feed the rows' unseen context (the pending token last), offer
+        its top candidates, then a forward per depth over the nodes each row expands, each node fed
+        with its parent's predicted state and seeing only its ancestors (kv.TreeFeed)."""
+        slots = [rows[i].slot for i in group]
+        predicted = self._feed(head, cache, slots, [feeds[i][0] for i in group], [feeds[i][1] for i in group])
+        logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
+        context = {i: cache.lengths[rows[i].slot] for i in group}  # the pending token is the last of it
+        trees = {i: RowTree(budgets[i], depths[i]) for i in group}
+        for j, i in enumerate(group):
+            trees[i].offer(-1, vocab.candidates(logits[j], rows[i], [], TOPK), predicted[j])
+        forwards = 1
+        for depth in range(1, max(depths[i] for i in group)):
+            expanding = {i: trees[i].frontier(depth) for i in group}
+            live = [i for i in group if expanding[i]]
+            if not live:
+                break
+            shapes = []
+            for i in live:
+                start, nodes = cache.lengths[rows[i].slot], expanding[i]
+                for k, index in enumerate(nodes):
+                    trees[i].nodes[index].slot = start + k
+                sees = [[trees[i].nodes[a].slot for a in trees[i].ancestors(index)] for index in nodes]
+                shapes.append(kv.TreeFeed(context[i], [context[i] - 1 + depth] * len(nodes), sees))
+            tokens = [[trees[i].nodes[index].token for index in expanding[i]] for i in live]
+            states = [torch.stack([trees[i].nodes[index].state for index in expanding[i]]) for i in live]
+            predicted = self._feed(head, cache, [rows[i].slot for i in live], tokens, states, shapes)  # [n, w, h]
+            logits = vocab.logits(head.shared.norm(predicted))  # [n, width, n_vocab]
+            width = logits.shape[1]
+            for j, i in enumerate(live):
+                for k, index in enumerate(expanding[i]):
+                    column = width - len(expanding[i]) + k
+                    path = trees[i].path(index)
+                    trees[i].offer(
+                        index, vocab.candidates(logits[j, column], rows[i], path, TOPK), predicted[j, column]
+                    )
+            forwards += 1
+        proposals = {}
+        for i in group:
+            tokens, parents = trees[i].final()
+            drafted = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            proposals[i] = Proposal(drafted, None, forwards=forwards, fed=len(feeds[i][0]), parents=parents)
+        return proposals
 
     def _target_states(self, row: DraftRow, start: int) -> torch.Tensor:
         """The target's states at positions start - 1 .. len(ids) - 2: the inputs beside tokens
@@ -277,9 +333,11 @@ class HeadDrafter(Drafter):
         slots: list[int],
         tokens: list[list[int]],
         states: list[torch.Tensor],
+        trees: list[kv.TreeFeed] | None = None,
     ) -> torch.Tensor:
         """Run the head on each row's tokens with the states before them, right-aligned; returns the
-        predicted state after each row's last token, [n, hidden], and advances the rows' lengths."""
+        predicted state after each row's last token, [n, hidden], and advances the rows' lengths.
+        With `trees` (a depth of draft trees) every fed token's predicted state, [n, width, hidden]."""
         fed = [len(t) for t in tokens]
         width = max(fed)
         hidden = states[0].shape[-1]
@@ -287,8 +345,8 @@ class HeadDrafter(Drafter):
         features = torch.zeros(len(tokens), width, hidden, dtype=states[0].dtype, device=self.device)
         for i, row_states in enumerate(states):
             features[i, width - len(row_states) :] = row_states
-        positions, mask = cache.inputs(slots, fed, width)
+        positions, mask = cache.inputs(slots, fed, width, trees=trees)
         predicted = head(ids, features, positions, mask, cache)  # [n, width, hidden]
         for slot, n in zip(slots, fed, strict=True):
             cache.set_length(slot, cache.lengths[slot] + n)
-        return predicted[:, -1]
+        return predicted if trees is not None else predicted[:, -1]

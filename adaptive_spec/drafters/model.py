@@ -71,7 +71,12 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(
-        self, cache: kv.BatchCache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
+        self,
+        cache: kv.BatchCache,
+        rows: list[DraftRow],
+        ks: list[int],
+        free: list[list[int]] | None = None,
+        depths: list[int] | None = None,
     ) -> list[Proposal]:
         ks = list(ks)  # a row whose constraints leave it nothing to propose stops early
         drafting = [i for i, k in enumerate(ks) if k > 0]
@@ -89,7 +94,7 @@ class ModelDrafter(Drafter):
                     logits = self._next_logits(vocab, cache, [rows[i].slot for i in live], [feeds[i] for i in live])
                     for j, i in enumerate(live):  # logits: [n, n_vocab]
                         token, row_probs = vocab.choose(logits[j], rows[i], tokens[i])
-                        if token is None:  # its constraints allow none of the draft's tokens
+                        if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                             ks[i] = len(tokens[i])
                             continue
                         tokens[i].append(token)

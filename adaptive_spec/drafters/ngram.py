@@ -26,9 +26,7 @@ class NgramDrafter(Drafter):
         self.device = torch.device(device)
         self.name = f"ngram:{max_ngram}"
 
-    def propose(
-        self, cache, rows: list[DraftRow], ks: list[int], free: list[list[int]] | None = None
-    ) -> list[Proposal]:
+    def propose(self, cache, rows: list[DraftRow], ks: list[int], free=None, depths=None) -> list[Proposal]:
         return [
             Proposal(torch.tensor(self.lookup(row.ids, k), dtype=torch.long, device=self.device), None)
             for row, k in zip(rows, ks, strict=True)

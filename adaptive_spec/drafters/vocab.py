@@ -7,6 +7,8 @@ it to the tokens recent traffic used (`restrict`), which makes a draft step much
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -60,11 +62,15 @@ class DraftVocab:
         """The token a row drafts from its logits [n_vocab] after `drafted`, and the full-vocabulary
         distribution it was drawn from (None for greedy rows, whose proposals are deterministic).
         A row with constraints (penalties, a grammar) drafts from its processed logits; when they
-        leave no token of this vocabulary, the token is None and the row drafts no further."""
+        leave no token of this vocabulary, the token is None and the row drafts no further.
+
+        So does a row whose logits hold a NaN or a +inf (`_drawable`): a draft whose weights went bad
+        would give NaN probabilities, and one `torch.multinomial` on them failed the whole batch
+        step. Without a draft the row's step is the target's alone, which is exact either way."""
         if row.constraints is not None:
             logits = row.constraints.draft(logits, drafted, self.ids)
-            if not bool(torch.isfinite(logits).any()):
-                return None, None
+        if not _drawable(logits):
+            return None, None
         if row.params.greedy:
             choice, probs = int(logits.argmax()), None
         else:
@@ -76,3 +82,27 @@ class DraftVocab:
                     0, self.ids, probs
                 )
         return (choice if self.ids is None else int(self.ids[choice])), probs
+
+    def candidates(self, logits: torch.Tensor, row: DraftRow, path: list[int], count: int) -> list[tuple[int, float]]:
+        """A tree's children after `path`: the `count` likeliest tokens of the row's processed draft
+        distribution (its constraints and sampling parameters applied) with their log-probabilities,
+        best first, as full-vocabulary ids; [] where nothing may be drawn. They are candidates, not
+        samples: the target's tree rule (acceptance.tree_rejection_sample) keeps the output exact."""
+        if row.constraints is not None:
+            logits = row.constraints.draft(logits, path, self.ids)
+        if not _drawable(logits):
+            return []
+        if row.params.greedy:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+        else:
+            logprobs = logits_to_probs(logits[None].float(), row.params)[0].log()
+        best = logprobs.topk(min(count, logprobs.shape[0]))
+        chosen = [(int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True) if v > -math.inf]
+        return chosen if self.ids is None else [(int(self.ids[i]), v) for i, v in chosen]
+
+
+def _drawable(logits: torch.Tensor) -> bool:
+    """logits [n_vocab] name a distribution: some token is finite, none is NaN or +inf (-inf is a masked
+    token). The sum is NaN or +inf exactly when some logit is NaN or +inf (fp32: no overflow from
+    finite logits), so two reductions decide it."""
+    return bool(torch.isfinite(logits).any()) and bool(logits.sum(dtype=torch.float32) < math.inf)

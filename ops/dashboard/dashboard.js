@@ -120,6 +120,13 @@ function renderChampion(summary) {
   box.append(list);
 }
 
+// "0", or "6 (model 2, vocab 4)": records the trainer's screen dropped (trainer/screening.py), by reason.
+function rejectedRecords(status) {
+  const byReason = Object.entries(status.rejected_by_reason ?? {}).sort();
+  const total = status.rejected_records ?? 0;
+  return byReason.length ? `${total} (${byReason.map(([reason, n]) => `${reason} ${n}`).join(", ")})` : String(total);
+}
+
 function renderTrainer(summary) {
   const box = document.getElementById("trainer");
   box.replaceChildren();
@@ -132,8 +139,14 @@ function renderTrainer(summary) {
   const list = el("dl", { id: "trainer-status", "data-state": status.state });
   for (const [name, value] of [
     ["state", status.state], ["says", status.message], ["champion", status.champion ?? "–"],
-    ["rounds", status.round], ["trainer", status.consumer], ["when", `${age} s ago`]]) {
+    ["rounds", status.round], ["trainer", status.consumer], ["when", `${age} s ago`],
+    ["records rejected", rejectedRecords(status)]]) {
     list.append(el("dt", {}, name), el("dd", {}, String(value)));
+  }
+  const failure = status.last_failure;  // a round that raised; the trainer went on (trainer/online.py)
+  if (failure) {
+    const ago = Math.max(0, Math.round(summary.now - failure.at));
+    list.append(el("dt", {}, "last failed round"), el("dd", { id: "trainer-failure" }, `${ago} s ago: ${failure.message}`));
   }
   box.append(list);
 }
@@ -157,6 +170,11 @@ function renderDrift(summary) {
     ["first-token acceptance", fmt(drift.first_token_acceptance)], ["acceptance rate", fmt(drift.acceptance_rate)],
     ["gated figure", fmt(drift.expected)], ["alert below", fmt(drift.threshold)]]) {
     list.append(el("dt", {}, name), el("dd", {}, String(value)));
+  }
+  const failure = status.last_failure;  // a round that raised; the trainer went on (trainer/online.py)
+  if (failure) {
+    const ago = Math.max(0, Math.round(summary.now - failure.at));
+    list.append(el("dt", {}, "last failed round"), el("dd", { id: "trainer-failure" }, `${ago} s ago: ${failure.message}`));
   }
   box.append(list);
 }

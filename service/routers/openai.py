@@ -118,6 +118,8 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
                 code="queue_full",
                 headers={"Retry-After": "1"},
             ) from None
+        if exc.reason == "engine_dead":
+            raise _ended(Ended(exc.reason)) from None
         raise APIError(503, "the server is shutting down", code="shutting_down") from None
 
     fmt = Formatter(
@@ -273,4 +275,10 @@ def _ended(exc: Ended) -> APIError:
         )
     if exc.reason == "disconnect":
         return APIError(499, "the client closed the connection", code="client_closed")
+    if exc.reason == "engine_dead":
+        return APIError(
+            503,
+            "this server's engine stopped (see its log and GET /health); retry on another replica",
+            code="engine_dead",
+        )
     return APIError(503, "the server shut down before this request finished", code="shutting_down")

@@ -22,35 +22,14 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from acceptance_support import ALPHA, chi_square_p_value, logits_with_argmax
 
 from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
 from adaptive_spec.sampling import sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ALPHA = 0.001
 Sampler = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], Verdict]
-
-
-def chi_square_p_value(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """P(chi-square >= observed statistic) for observed `counts` against `expected_probs`.
-
-    Both are flattened. An outcome with expected probability 0 that was observed anyway makes the
-    p-value 0. Outcomes expected fewer than 5 times are pooled into one cell (the usual validity
-    rule for the chi-square approximation); df = cells - 1.
-    """
-    counts = counts.flatten().double()
-    expected = expected_probs.flatten().double() * counts.sum()
-    if counts[expected == 0].sum() > 0:
-        return 0.0
-    small = expected < 5
-    cells_observed = torch.cat([counts[~small], counts[small].sum()[None]])
-    cells_expected = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = cells_expected > 0
-    cells_observed, cells_expected = cells_observed[keep], cells_expected[keep]
-    statistic = ((cells_observed - cells_expected) ** 2 / cells_expected).sum()
-    df = cells_observed.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), statistic / 2))
 
 
 @pytest.mark.parametrize(
@@ -74,13 +53,6 @@ def test_chi_square_p_value_on_known_counts() -> None:
 # =================================================================================================
 # 1. Hand-built cases
 # =================================================================================================
-
-
-def logits_with_argmax(argmaxes: list[int], vocab: int = 10) -> torch.Tensor:
-    """[len(argmaxes), vocab] logits, row i peaking (not one-hot) at argmaxes[i]."""
-    logits = torch.randn(len(argmaxes), vocab, generator=torch.Generator().manual_seed(len(argmaxes)))
-    logits[torch.arange(len(argmaxes)), torch.tensor(argmaxes)] = 10.0
-    return logits
 
 
 def test_greedy_all_accepted_emits_the_bonus_token() -> None:

@@ -114,6 +114,34 @@ def test_bad_adapters_are_refused_and_the_served_one_stays(tmp_path):
         assert torch.equal(served_logits(engine, PROMPT), served)
 
 
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf")])
+def test_an_adapter_with_non_finite_weights_is_refused_as_corrupt_and_the_served_one_stays(tmp_path, bad_value):
+    """A version whose checksum is right (sealed after the NaN went in: a hand promotion, any MLflow
+    writer) but one of whose weights is NaN or Inf: refused before any swap, by the check a server and a
+    trainer adopting it share (`AdapterDir.verify`)."""
+    from safetensors.torch import load_file, save_file
+
+    target = tiny_target(2)
+    make_adapter(target, 2, tmp_path / "good", seed=4)
+    engine = Engine(target, "early-exit:2")
+    engine.load_adapter(tmp_path / "good", "7")
+    served = served_logits(engine, PROMPT)
+
+    poisoned = tmp_path / "poisoned"
+    make_adapter(target, 2, poisoned, seed=5)
+    tensors = load_file(poisoned / WEIGHTS_FILE)
+    name = sorted(tensors)[3]
+    tensors[name][0, 0] = bad_value
+    save_file(tensors, poisoned / WEIGHTS_FILE)
+    AdapterDir(poisoned).seal(version=8)  # checksum.sha256 and the metadata's sha256 say these bytes
+    with pytest.raises(AdapterError, match="hold NaN or Inf") as refused:
+        engine.load_adapter(poisoned, "8")
+    assert refused.value.reason == "corrupt" and name in str(refused.value)
+    assert engine.adapter_version == "7" and torch.equal(served_logits(engine, PROMPT), served)
+    with pytest.raises(AdapterError, match="hold NaN or Inf"):
+        AdapterDir(poisoned).verify()  # what the trainer runs before adopting a registry's champion
+
+
 def test_adapters_need_a_model_draft():
     engine = Engine(tiny_target(0), "ngram")
     with pytest.raises(AdapterError, match="model draft"):

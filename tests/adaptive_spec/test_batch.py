@@ -319,6 +319,31 @@ def test_greedy_and_sampled_rows_share_a_batch() -> None:
     assert outputs[1].token_ids == sampled_alone.token_ids
 
 
+@pytest.mark.parametrize("kind", ["early-exit:1", "head"])
+def test_a_draft_whose_weights_give_nan_probabilities_leaves_each_row_the_targets_exact_output(kind: str) -> None:
+    """A draft with a NaN weight (say an adapter that slipped past the checks): its probabilities are
+    NaN, and torch.multinomial raised on them, failing every row of the step. Each row instead drafts
+    nothing (`DraftVocab.choose`) and decodes with the target alone, greedy and sampled, in one batch."""
+    engine = Engine(copy.deepcopy(target(0)), kind)  # the head shares the target's modules: a copy to poison
+    draft = engine.drafter.head if kind == "head" else engine.drafter.model.model.layers[0]
+    with torch.no_grad():
+        next(draft.parameters()).fill_(float("nan"))
+    plain = Engine(target(0), None)
+    options = [
+        dict(max_new_tokens=20),
+        dict(max_new_tokens=16, temperature=1.0, seed=3),
+        dict(max_new_tokens=12, temperature=0.7, top_p=0.9, seed=5),
+        dict(max_new_tokens=20, k=3),
+    ]
+    requests = [engine.request(prompt, **kwargs) for prompt, kwargs in zip(PROMPTS, options, strict=False)]
+    outputs = run_schedule(engine, requests, [0, 0, 1, 2], max_batch=4)
+    for prompt, kwargs, out in zip(PROMPTS, options, outputs, strict=False):
+        kwargs = {key: value for key, value in kwargs.items() if key != "k"}
+        expected = plain.generate(prompt, speculative=False, **kwargs).token_ids
+        assert out.token_ids == expected, first_difference(out.token_ids, expected)
+        assert out.stats.drafted == 0 and out.stats.accepted == 0
+
+
 # =================================================================================================
 # Bounds
 # =================================================================================================

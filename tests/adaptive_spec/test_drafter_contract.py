@@ -40,7 +40,7 @@ class RepeatDrafter(Drafter):
         self.committed += 1
         row.draft_state.append(len(row.ids) - before)
 
-    def propose(self, cache, rows, ks, free=None):
+    def propose(self, cache, rows, ks, free=None, depths=None):
         proposals = []
         for row, k in zip(rows, ks, strict=True):
             common = max(set(row.ids), key=row.ids.count)

@@ -97,7 +97,7 @@ class AlwaysWrongDrafter(Drafter):
         self.vocab = model.config.vocab_size
 
     @torch.inference_mode()
-    def propose(self, cache, rows, ks: list[int], free=None) -> list[Proposal]:
+    def propose(self, cache, rows, ks: list[int], free=None, depths=None) -> list[Proposal]:
         proposals = []
         for row, k in zip(rows, ks, strict=True):
             greedy = int(self.model(input_ids=torch.tensor([row.ids])).logits[0, -1].argmax())

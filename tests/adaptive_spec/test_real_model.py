@@ -142,12 +142,17 @@ def test_bf16_logits_are_bitwise_the_same_whatever_shares_the_forward(bf16_engin
 
 
 @pytest.mark.parametrize(
-    ("draft", "k"), [("head", None), ("head", 4), ("early-exit:4", 4), ("ngram+head", None), (None, None)]
+    ("draft", "k"),
+    [("head", None), ("head", 4), ("head-tree", 3), ("early-exit:4", 4), ("ngram+head", None), (None, None)],
 )
 def test_bf16_greedy_and_batched_rows_equal_the_bf16_target_alone(bf16_engine, prompts, bf16_baselines, draft, k):
     """In bf16 near-ties are common (2 of 6 prompts stayed identical before the invariant kernels):
-    one request at a time on 2 prompts, and all 6 in one batch of 8 rows, token for token."""
-    engine = bf16_engine if draft == "head" else Engine(bf16_engine.target, draft, bf16_engine.tokenizer)
+    one request at a time on 2 prompts, and all 6 in one batch of 8 rows, token for token. `head-tree`:
+    the head drafting trees of up to 12 nodes, 3 deep."""
+    if draft == "head-tree":
+        engine = Engine(bf16_engine.target, "head", bf16_engine.tokenizer, tree_budget=12)
+    else:
+        engine = bf16_engine if draft == "head" else Engine(bf16_engine.target, draft, bf16_engine.tokenizer)
     options = dict(k=k) if draft else dict(speculative=False)
     for prompt, base in list(zip(prompts, bf16_baselines, strict=True))[:2]:
         if draft:

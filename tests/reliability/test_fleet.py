@@ -561,8 +561,11 @@ def test_two_trainers_on_one_stream_promote_once(redis_server, tiny_model_dir, t
     tracking = f"sqlite:///{tmp_path / 'registry.db'}"
     registry = AdapterRegistry(tracking, data_dir=tmp_path / "cli")
     # enough for the statistical gate to be sure of a first domain's gain, then of a second one's
-    records = greedy_records(tiny_target(0), 160, domains=("json",), new_tokens=16)
-    new_domain = greedy_records(tiny_target(0), 160, domains=("sql",), new_tokens=16, first_token=32, id_prefix="sql")
+    target_id = str(tiny_model_dir)  # what the trainers are told: they keep only that target's records
+    records = greedy_records(tiny_target(0), 160, domains=("json",), new_tokens=16, target_id=target_id)
+    new_domain = greedy_records(
+        tiny_target(0), 160, domains=("sql",), new_tokens=16, first_token=32, id_prefix="sql", target_id=target_id
+    )
     env = {"REDIS_URL": redis_server.url, "MLFLOW_TRACKING_URI": tracking}
     trainers = []
     for name in ("one", "two"):

@@ -23,9 +23,10 @@ import time
 import httpx
 import pytest
 import redis
-from support import MODEL, ServeProcess, eventually, kill_redis, listening_address
+from registry_support import write_adapter
+from support import MODEL, ServeProcess, eventually, kill_redis, listening_address, tiny_target
 
-from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, STATS_EVENTS_KEY
+from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
 from adaptive_spec.record import CorrectionRecord
 from service import deps
 
@@ -206,11 +207,18 @@ def test_opted_out_requests_leave_no_trace_in_redis(serve_process, redis_server)
     assert b"private-tag" not in everything
 
 
-def test_stream_and_dashboard_retention_are_bounded(serve_process, redis_server):
+def test_stream_and_dashboard_retention_are_bounded(serve_process, redis_server, tiny_model_dir, tmp_path):
     client = redis.Redis.from_url(redis_server.url)
     client.config_set("stream-node-max-entries", 10)  # MAXLEN ~ trims whole nodes: small nodes, tight bound
     maxlen, requests = 20, 120
-    with serve_process(env={"REDIS_URL": redis_server.url, "ADAPTIVE_SPEC_STREAM_MAXLEN": str(maxlen)}) as server:
+    # served from the start, so the dashboard also keeps its gate figures (the adapters hash)
+    adapter = write_adapter(tiny_target(0), 1, tmp_path / "v0001", seed=1, version=1, target_id=str(tiny_model_dir))
+    env = {
+        "REDIS_URL": redis_server.url,
+        "ADAPTIVE_SPEC_STREAM_MAXLEN": str(maxlen),
+        "ADAPTIVE_SPEC_ADAPTER": str(adapter),
+    }
+    with serve_process(env=env) as server:
         body = {**BODY, "max_tokens": 2}
         with httpx.Client() as http:
             statuses = {http.post(server.url + "/v1/completions", json=body).status_code for _ in range(requests)}
@@ -227,3 +235,4 @@ def test_stream_and_dashboard_retention_are_bounded(serve_process, redis_server)
             continue
         assert 0 < ttl <= 7 * 86400, f"{key} ({kind}) never expires"
     assert any(kind == "hash" for kind, _ in keys.values()), "the dashboard wrote no bucket: nothing was checked"
+    assert STATS_ADAPTERS_KEY in keys, "the served adapter's figures were not kept: that key was not checked"

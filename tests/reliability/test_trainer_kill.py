@@ -71,7 +71,18 @@ def test_sigkilled_trainer_loses_no_acknowledged_record_and_resumes(
     redis_server, tiny_model_dir, tmp_path, make_record
 ):
     client = redis.Redis.from_url(redis_server.url)
-    records = [make_record(seed, n_out=24, m=8, vocab=112, request_id=f"req-{seed:04d}") for seed in range(RECORDS)]
+    records = [
+        make_record(
+            seed,
+            n_out=24,
+            m=8,
+            vocab=112,
+            request_id=f"req-{seed:04d}",
+            target_id=str(tiny_model_dir),
+            draft_id="early-exit:1",
+        )  # the trainer's own: it drops any other model's records
+        for seed in range(RECORDS)
+    ]
     trainer = TrainProcess(tmp_path, tiny_model_dir, redis_server.url, ARGS, name="train-1")
     trainer.start()
     try:

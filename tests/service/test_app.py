@@ -30,10 +30,12 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
+import torch
 from polling import wait_for
 from tiny import tiny_target
 from tiny_chat import tiny_tokenizer
 
+from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
 from adaptive_spec.record import CorrectionRecord
 from service.app import create_app
@@ -468,6 +470,94 @@ def test_draining_server_answers_503(live_server, tiny_engine):
         assert health.status_code == 503 and health.json()["status"] == "draining"
 
 
+def test_a_draft_with_nan_weights_answers_every_request_with_the_targets_tokens(live_server):
+    """A NaN in the draft's weights made its probabilities NaN: torch.multinomial raised, and every row of
+    that step got a 500. Now each row drafts nothing and the target decodes it: 200, its exact tokens."""
+    engine = Engine(tiny_target(0), "early-exit:1", tokenizer=tiny_tokenizer(), target_id="tiny-chat", record_topk=8)
+    with torch.no_grad():
+        next(engine.drafter.model.model.layers[0].parameters()).fill_(float("nan"))
+    plain = Engine(tiny_target(0), None)
+    samplings = [(0.0, None), (1.0, 1), (0.8, 2), (1.0, 3), (0.0, None), (1.2, 4)]
+
+    def complete(sampling: tuple[float, int | None]) -> httpx.Response:
+        body = {
+            "model": "tiny-chat",
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": sampling[0],
+            "seed": sampling[1],
+        }
+        return httpx.post(server.url + "/v1/completions", timeout=60, json=body)
+
+    with live_server(engine) as server, ThreadPoolExecutor(len(samplings)) as pool:  # they share batch steps
+        responses = list(pool.map(complete, samplings))
+    for (temperature, seed), response in zip(samplings, responses, strict=True):
+        assert response.status_code == 200, response.text
+        expected = plain.generate(PROMPT, 12, temperature=temperature, seed=seed, speculative=False).token_ids
+        assert response.json()["choices"][0]["token_ids"] == expected
+        assert response.json()["usage"]["spec_decode"]["num_draft_tokens"] == 0
+
+
+# ---------------------------------------------------------------- liveness: threads that die
+
+
+def test_when_the_engine_thread_dies_health_is_503_and_its_requests_end_at_once(live_server, tiny_engine, caplog):
+    """Before: the engine thread's Future was dropped, so what killed it was never logged, /health stayed
+    200, and every request waited for its timeout (504). Killed here by a fault its loop does not catch
+    (its own bookkeeping raising) with one request decoding and one queued."""
+    with live_server(tiny_engine, request_timeout_s=120.0) as server:
+        worker, url = server.service.worker, server.url + "/v1/completions"
+        body = {"model": tiny_engine.target_id, "prompt": PROMPT, "max_tokens": 8}
+        results: list[httpx.Response] = []
+        with engine_stuck(tiny_engine):
+            running = post_in_background(url, body, results, timeout=100)
+            wait_for(lambda: httpx.get(server.url + "/health").json()["requests_running"] == 1, what="running")
+            queued = post_in_background(url, body, results, timeout=100)
+            wait_for(lambda: httpx.get(server.url + "/health").json()["requests_waiting"] == 1, what="queued")
+
+            def broken(batch) -> None:
+                raise RuntimeError("injected: the worker's own bookkeeping failed")
+
+            worker._drop_stopped = broken  # runs after the step the lock holds back
+            started = time.monotonic()
+        running.join(), queued.join()
+        ended_s = time.monotonic() - started
+        health = httpx.get(server.url + "/health")
+        refused = httpx.post(url, json=body)
+    print(f"\nengine thread killed: both requests answered {[r.status_code for r in results]} in {ended_s:.2f} s")
+    assert [r.json()["error"]["code"] for r in results] == ["engine_dead", "engine_dead"]
+    assert all(r.status_code == 503 for r in results) and ended_s < 60  # not the 120 s timeout's 504
+    assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+    assert health.json()["dead"] == ["engine"] and health.json()["threads"]["engine"] is False
+    assert_error(refused, 503, code="engine_dead")
+    died = [r for r in caplog.records if "engine worker died" in r.getMessage()]
+    assert died and died[0].exc_info is not None and "injected" in str(died[0].exc_info[1])
+    assert isinstance(worker.died, RuntimeError)
+
+
+def test_a_dead_correction_log_writer_is_reported_and_serving_goes_on(live_server, tiny_engine, redis_url, caplog):
+    """The writer matters to the loop, not to serving (service/routers/ops.py says why): /health stays
+    200, says `correction_log: false`, and records are dropped and counted as while Redis is away."""
+    with live_server(tiny_engine, redis_url=redis_url, log_queue_size=2) as server:
+        writer = server.service.writer
+
+        def write(batch) -> list[bytes]:
+            raise SystemExit("injected: a library called sys.exit on the writer's thread")
+
+        writer._write = write  # a fault its retry loop does not catch
+        body = {"model": tiny_engine.target_id, "prompt": PROMPT, "max_tokens": 4}
+        statuses = {httpx.post(server.url + "/v1/completions", json=body).status_code for _ in range(5)}
+        wait_for(lambda: not writer.alive, what="the writer to die")
+        health = httpx.get(server.url + "/health")
+        counts = health.json()["correction_log"]
+    print(f"\ncorrection-log writer killed: requests {statuses}, /health {health.status_code}, writer {counts}")
+    assert statuses == {200}
+    assert health.status_code == 200 and health.json()["threads"]["correction_log"] is False
+    assert counts["dropped"] >= 3 and counts["written"] == 0  # a queue of 2: the rest dropped, counted
+    died = [r for r in caplog.records if "correction-log writer died" in r.getMessage()]
+    assert died and died[0].exc_info is not None
+
+
 # ---------------------------------------------------------------- privacy and the correction log
 
 
@@ -528,6 +618,12 @@ def test_settings_from_the_environment_hide_secrets():
     assert "hunter2" not in shown and "key-123" not in shown and "tok-456" not in shown
     assert "redis://***@localhost:6379/0" in shown
     assert Settings.from_env({}).k is None and Settings.from_env({"ADAPTIVE_SPEC_K": "dynamic"}).k is None
+    read_from_files = Settings.from_env(
+        {"ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456\n", "ADAPTIVE_SPEC_API_KEY": " key-123\n"}
+    )
+    assert (read_from_files.admin_token, read_from_files.api_key) == ("tok-456", "key-123")  # as clients send them
+    with pytest.raises(ValueError, match="admin_token is blank"):
+        Settings(admin_token=" \n")  # not silently "no token", which would open /v1 for an API key
     with pytest.raises(ValueError, match="ADAPTIVE_SPEC_PORT"):
         Settings.from_env({"ADAPTIVE_SPEC_PORT": "eighty"})
 

@@ -99,7 +99,10 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
         waiting = (
             "first candidate when the held-out set reaches 128 positions and 4 records: 64 positions in 2 records now"
         )
-        TrainerStatus(redis_client, "trainer-a").report(RoundResult(False, False, waiting), "the base draft")
+        rejected = {"vocab": 4, "model": 2}  # records the trainer's screen dropped (trainer/intake/screening.py)
+        status = TrainerStatus(redis_client, "trainer-a")
+        status.round_failed("a round of the general adapter failed (OSError: disk full); training goes on", 1)
+        status.report(RoundResult(False, False, waiting), "the base draft", rejected)
 
         page = offline_page(browser)
         seconds = open_dashboard(page, server.url + "/dashboard")
@@ -122,6 +125,8 @@ def test_chart_shows_versions_swaps_and_a_rollback_offline(browser, live_server,
         assert "0.310" in page.locator("#champion").inner_text()  # v1's gated greedy match
         assert page.locator("#trainer-status").get_attribute("data-state") == "waiting"
         assert waiting in page.locator("#trainer").inner_text()
+        assert "6 (model 2, vocab 4)" in page.locator("#trainer").inner_text()
+        assert "failed (OSError: disk full)" in page.locator("#trainer-failure").inner_text()
         assert page.locator("#domains tr[data-domain=json]").count() == 1
         assert page.locator("#domains tr[data-domain=sql]").count() == 1
         assert page.locator("canvas").count() >= 3

@@ -152,6 +152,20 @@ def test_buckets_expire_after_the_retention(redis_client, redis_url):
     assert 3 * 86400 - 5 <= ttls[60] <= 3 * 86400 and 3 * 86400 - 5 <= ttls[600] <= 3 * 86400
 
 
+def test_adapter_figures_expire_with_the_buckets_and_traffic_renews_them(redis_client, redis_url):
+    """RELIABILITY.md: every key expires. The adapters' gate figures live as long as the buckets they
+    explain: each flush renews the hash's expiry, so a version served for weeks keeps its figures."""
+    stats = recorder(redis_url, retention_s=3 * 86400)
+    stats.mark("swap", "3", metadata=gate_metadata(0.6, 0.4))
+    stats.flush()
+    assert 3 * 86400 - 5 <= redis_client.ttl(STATS_ADAPTERS_KEY) <= 3 * 86400
+    redis_client.expire(STATS_ADAPTERS_KEY, 60)  # days later, no swap since
+    stats.record(request_stats([(2, 1)], "3"), domain=None, greedy=True)
+    stats.flush()
+    assert 3 * 86400 - 5 <= redis_client.ttl(STATS_ADAPTERS_KEY) <= 3 * 86400
+    assert stats.adapter_info("3")["gate"]["candidate"]["greedy_match"] == 0.6
+
+
 def test_redis_down_never_raises_and_the_sums_arrive_when_it_returns(redis_server):
     stats = StatsRecorder(redis_server.url, flush_every_s=3600)
     redis_server.stop()

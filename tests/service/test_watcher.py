@@ -10,8 +10,9 @@ What must hold:
   to the target alone;
 - an alias moved by hand with MlflowClient, as the MLflow UI does, is followed within 10 s, on a
   `mlflow server`, and is reported as a rollback by "mlflow-alias";
-- a corrupt, incompatible or missing artifact is refused before any swap: the served adapter stays,
-  the refusal is logged and counted once per reason; a good version afterwards is served;
+- a corrupt, incompatible or missing artifact, or one with a NaN weight whose checksum is right, is
+  refused before any swap: the served adapter stays, the refusal is logged and counted once per reason;
+  a good version afterwards is served;
 - greedy output is token-for-token the target's when swaps land between the steps of a generation;
 - the champion alias removed unloads to the base draft; each swap calls the dashboard's stats.mark;
 - each domain's alias (`champion-sql`) is followed into the engine's slot for that domain, from the one
@@ -33,10 +34,11 @@ import pytest
 from mlflow import MlflowClient
 from polling import wait_for
 from registry_support import write_adapter
+from safetensors.torch import load_file, save_file
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import WEIGHTS_FILE
+from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
 from registry.client import AdapterRegistry
 from service.settings import Settings
@@ -62,6 +64,11 @@ def adapters(tmp_path_factory, target) -> dict[str, Path]:
     made["bad_shape"] = write_adapter(target, 2, root / "bad_shape", seed=8, draft_id="early-exit:1")
     made["corrupt"] = write_adapter(target, 1, root / "corrupt", seed=9)
     made["missing"] = write_adapter(target, 1, root / "missing", seed=10)
+    made["nan"] = write_adapter(target, 1, root / "nan", seed=11)  # sealed again after a NaN went in
+    weights = load_file(made["nan"] / WEIGHTS_FILE)
+    next(iter(weights.values()))[0, 0] = float("nan")
+    save_file(weights, made["nan"] / WEIGHTS_FILE)
+    AdapterDir(made["nan"]).seal()
     return made
 
 
@@ -189,7 +196,8 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
         registry.register(adapters["good1"])
         wait_for(lambda: engine.adapter_version == "1", 10, "the first swap")
         versions = {
-            name: registry.register(adapters[name], promote=False) for name in ("corrupt", "missing", "bad_shape")
+            name: registry.register(adapters[name], promote=False)
+            for name in ("corrupt", "missing", "bad_shape", "nan")
         }
         versions["other_draft"] = _register_by_hand(registry, adapters["other_draft"])  # the registry refuses it
         corrupt = _artifact_dir(registry, versions["corrupt"]) / WEIGHTS_FILE
@@ -204,6 +212,7 @@ def test_corrupt_incompatible_and_missing_artifacts_are_refused_and_counted(
             "missing": "missing",
             "other_draft": "incompatible",
             "bad_shape": "incompatible",
+            "nan": "corrupt",
         }
         for name, reason in expected.items():
             before = metric(server, "adaptive_spec:adapter_refusals_total", reason=reason)
@@ -347,3 +356,27 @@ def _subscribed(redis_url: str) -> bool:
         return dict(client.pubsub_numsub(ADAPTER_EVENTS)).get(ADAPTER_EVENTS.encode(), 0) > 0
     finally:
         client.close()
+
+
+def test_a_dead_watcher_makes_health_503_while_requests_are_still_answered(
+    live_server, target, registry, store, tmp_path, caplog
+):
+    """The watcher decides what this server serves: dead, it follows no promotion and no rollback, so
+    /health answers 503 (an orchestrator restarts the process, which loads the champions before it is
+    ready). Killed here by what its per-check `except Exception` cannot catch: a library calling sys.exit."""
+    engine = engine_for(target)
+    with live_server(engine, mlflow_tracking_uri=store, data_dir=tmp_path, adapter_poll_s=0.2) as server:
+        watcher = server.service.watcher
+        assert httpx.get(server.url + "/health").json()["threads"]["adapter_watcher"] is True
+
+        def champions():
+            raise SystemExit("injected: sys.exit on the watcher's thread")
+
+        watcher.registry.champions = champions
+        wait_for(lambda: httpx.get(server.url + "/health").status_code == 503, 10, "/health to say so")
+        health = httpx.get(server.url + "/health").json()
+        assert health["status"] == "unhealthy" and health["dead"] == ["adapter_watcher"]
+        assert health["threads"] == {"engine": True, "adapter_watcher": False, "correction_log": None}
+        assert complete(server)["choices"][0]["token_ids"]  # until a restart, what it serves is still exact
+    died = [r for r in caplog.records if "adapter watcher died" in r.getMessage()]
+    assert died and died[0].exc_info is not None

@@ -91,6 +91,13 @@ class ReplayBuffer:
             self.evicted += 1
         return True
 
+    def drop(self, request_ids: set[str]) -> int:
+        """Take these records' examples out; their ids stay remembered. Returns how many went."""
+        kept = deque(example for example in self._examples if example.request_id not in request_ids)
+        dropped, self._examples = len(self._examples) - len(kept), kept
+        self.tokens = sum(example.num_tokens for example in kept)
+        return dropped
+
     def sample_batch(self, rng: np.random.Generator, tokens: int) -> list[TrainingExample]:
         """Examples drawn uniformly without replacement until the next would pass `tokens` input
         tokens (always one at least, none if the buffer is empty).
@@ -206,6 +213,12 @@ class HoldoutSplit:
             return False
         self.hold(record)
         return True
+
+    def drop(self, request_ids: set[str]) -> int:
+        """Take these records out; their ids stay remembered. Returns how many went."""
+        dropped = [self._records.pop(request_id) for request_id in request_ids if request_id in self._records]
+        self.revision += bool(dropped)
+        return len(dropped)
 
     def hold(self, record: CorrectionRecord) -> None:
         """Keep a record that another split held out (its domain's, trainer/loop/domains.py), whatever

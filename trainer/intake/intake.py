@@ -13,7 +13,9 @@ consumer left idle for `reclaim_idle_ms` (XAUTOCLAIM), then new ones, waiting up
 only when nothing pending or reclaimable came first. Each record goes to its lineage's held-out set
 (HoldoutSplit, about 1 in 10 by a hash of its request id) or, as a training example, to its replay
 buffer, and counts as new for that lineage's next round (`Lineage.new_records`). Duplicates (same
-request id) are dropped there and counted.
+request id) are dropped there and counted. A record the screen refuses (trainer/intake/screening.py:
+another model's, an id past the vocabulary, ...) is acknowledged at once, counted in `rejected` by
+reason and dropped; so is one met again in a checkpoint written before the screen existed.
 
 Acknowledgement (at-least-once, DESIGN.md "Trainer killed mid-batch"):
 
@@ -41,6 +43,7 @@ import redis
 from adaptive_spec.record import CorrectionRecord
 from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
 from trainer.intake.examples import examples_from_record
+from trainer.intake.screening import RecordScreen
 from trainer.intake.stream import CorrectionStream
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ class Lineages(Protocol):
     """Where a record goes (trainer/loop/domains.py `DomainLineages`): the general split, or its domain's."""
 
     general: Split
+    lineages: dict[str, Split]  # the domains'
 
     def route(self, record: CorrectionRecord) -> Split | None: ...
 
@@ -73,6 +77,7 @@ class StreamIntake:
         lineages: Lineages,
         max_seq_len: int,
         *,
+        screen: RecordScreen,
         ack_at_once: bool,
         read_count: int = 64,
         reclaim_idle_ms: int = 60_000,
@@ -81,12 +86,14 @@ class StreamIntake:
         self.lineages = lineages
         self.holdout, self.buffer = lineages.general.holdout, lineages.general.buffer  # hold every record
         self.max_seq_len = max_seq_len
+        self.screen = screen
         self.ack_at_once = ack_at_once
         self.read_count = read_count  # entries per XREADGROUP / XAUTOCLAIM
         self.reclaim_idle_ms = reclaim_idle_ms
         self.records_consumed = 0  # distinct records taken from the stream (held out or for training)
         self.tokens_consumed = 0  # their output tokens
         self.duplicates = 0  # records dropped because their request id was already kept
+        self.rejected: dict[str, int] = {}  # records the screen refused, by reason (trainer/intake/screening.py)
         self._unacked: dict[str, None] = {}  # stream entry ids routed but not yet acknowledged, in order
         self._buffered: OrderedDict[str, tuple[str | None, bytes]] = OrderedDict()  # the buffer's records
         self._reread_own_pending = True
@@ -109,12 +116,17 @@ class StreamIntake:
             log.debug("polled %d records: %d buffered, %d held out", received, len(self.buffer), len(self.holdout))
         return received
 
-    def keep(self, record: CorrectionRecord) -> None:
-        """Held out, or into the replay buffer as a training example; duplicates are dropped.
+    def keep(self, record: CorrectionRecord) -> bool:
+        """Held out, or into the replay buffer as a training example; duplicates are dropped. False when
+        the screen refuses it (counted in `rejected`): nothing of it is kept.
 
         A record whose domain has a lineage (trainer/loop/domains.py) is held out or not by its domain's
         split, and a held-out one is held out of the general set too; one for training goes into both
         buffers and counts as new for its domain's rounds only."""
+        refused = self.screen.check(record)
+        if refused is not None:
+            self._reject(record, *refused)
+            return False
         lineage = self.lineages.route(record)  # None: the general adapter's alone
         parts = [self.holdout, self.buffer] + ([lineage.holdout, lineage.buffer] if lineage is not None else [])
         duplicates = sum(part.duplicates for part in parts)
@@ -132,9 +144,33 @@ class StreamIntake:
                 lineage.new_records += 1
         if sum(part.duplicates for part in parts) > duplicates:
             self.duplicates += 1
-            return
+            return True
         self.records_consumed += 1
         self.tokens_consumed += len(record.output_ids)
+        return True
+
+    def _reject(self, record: CorrectionRecord, reason: str, detail: str) -> None:
+        count = self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, ... of each reason: a flood logs a few lines
+            log.warning(
+                "rejected correction record %s (%s: %s); acknowledged and dropped, %d rejected for %s so far",
+                record.request_id,
+                reason,
+                detail,
+                count,
+                reason,
+            )
+
+    def set_aside(self, request_ids: set[str]) -> int:
+        """Take these records out of every held-out set and buffer (a round raised while it read them,
+        trainer/loop/online.py): the next checkpoint holds none of them and acknowledges their entries.
+        They stay remembered, so a copy that comes again is dropped as a duplicate. Returns how many went."""
+        for lineage in self.lineages.lineages.values():
+            lineage.holdout.drop(request_ids)
+            lineage.buffer.drop(request_ids)
+        for request_id in request_ids:
+            self._buffered.pop(request_id, None)  # the mirror of the general buffer loses the same ones
+        return self.holdout.drop(request_ids) + self.buffer.drop(request_ids)  # these two hold every record
 
     def ack(self, ids: Iterable[str] | None = None) -> None:
         """Acknowledge `ids` (all routed ids if None); on a Redis error they stay listed for the next try."""
@@ -179,14 +215,18 @@ class StreamIntake:
         return entries
 
     def _route(self, entries: list[tuple[str, CorrectionRecord]]) -> int:
-        """Keep each entry's record and list its id; acknowledge at once when `ack_at_once`."""
-        routed = 0
+        """Keep each entry's record and list its id; acknowledge at once when `ack_at_once`, and those the
+        screen refused always (they hold nothing a checkpoint must keep). Returns how many came."""
+        routed, refused = 0, []
         for entry_id, record in entries:
             if entry_id in self._unacked:  # ours already; XAUTOCLAIM handed it back after it idled
                 continue
-            self.keep(record)
-            self._unacked[entry_id] = None
             routed += 1
+            if not self.keep(record):
+                refused.append(entry_id)
+                continue
+            self._unacked[entry_id] = None
+        self.ack(refused)
         if self.ack_at_once:
             self.ack()
         return routed

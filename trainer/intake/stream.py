@@ -13,6 +13,10 @@ mid-batch, the next trainer (any consumer name) takes the entries over with `rec
 therefore arrive twice, and the writer may also append a record twice (see
 service/correction_log.py); train on duplicates or dedupe by `record.request_id`.
 
+A URL gets a client with socket timeouts (`stream_client`): a Redis that stops answering (SIGSTOP, a
+dead peer without a reset) raises TimeoutError, which the trainer's loop retries, instead of holding a
+read forever. redis-py's own default for `from_url` has been none or 5 s depending on its version.
+
 Entries that do not decode (foreign writers, a format version this build does not read) are
 acknowledged, counted in `corrupt` and logged, so they never wedge the group. Entries that
 `MAXLEN ~` trimmed away while pending are dropped from the pending list by XAUTOCLAIM itself;
@@ -36,6 +40,12 @@ from adaptive_spec.record import CorrectionRecord
 log = logging.getLogger(__name__)
 
 _PAYLOAD = PAYLOAD_FIELD.encode()  # replies carry bytes keys: records are binary, so no decode_responses
+SOCKET_TIMEOUT_S = 10.0  # above any XREADGROUP BLOCK the trainer asks for (1 s): a silent Redis raises, not hangs
+
+
+def stream_client(redis_url: str) -> redis.Redis:
+    """The trainer's Redis client: binary replies, and socket timeouts whatever redis-py's defaults are."""
+    return redis.Redis.from_url(redis_url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0)
 
 
 class CorrectionStream:
@@ -47,7 +57,7 @@ class CorrectionStream:
         consumer: str | None = None,
     ) -> None:
         if isinstance(redis_client_or_url, str):
-            self.redis = redis.Redis.from_url(redis_client_or_url)
+            self.redis = stream_client(redis_client_or_url)
         else:
             self.redis = redis_client_or_url
         if self.redis.get_connection_kwargs().get("decode_responses"):

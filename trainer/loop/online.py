@@ -44,6 +44,7 @@ import redis
 from trainer.evaluation.decision import StatisticalGate
 from trainer.evaluation.gate import Gate
 from trainer.intake.intake import StreamIntake
+from trainer.intake.screening import RecordScreen, vocab_size
 from trainer.intake.stream import CorrectionStream
 from trainer.learning.distill import DraftTrainer, LoraSettings
 from trainer.learning.head_distill import HeadTrainer
@@ -58,7 +59,7 @@ from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
-INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates")
+INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates", "rejected")
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,10 @@ class OnlineTrainer:
         self.versions = VersionDirs(settings.adapters_dir)
         self.checkpoint_seq = 0
         self._polled = False  # records came since the last checkpoint
+        self._polled_at = time.monotonic()  # the loop's last poll
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
+        screen = RecordScreen(settings.target_id, settings.draft_id, vocab_size(draft_model))
         trainer_class = HeadTrainer if isinstance(draft_model, TrainableHead) else DraftTrainer
         self.trainer = trainer_class(
             draft_model,
@@ -142,6 +145,7 @@ class OnlineTrainer:
             stream,
             self.lineages,
             self.trainer.settings.max_seq_len,
+            screen=screen,
             ack_at_once=self.checkpoint_dir is None,
             read_count=settings.read_count,
             reclaim_idle_ms=settings.reclaim_idle_ms,
@@ -176,7 +180,8 @@ class OnlineTrainer:
         checked between steps of the loop, so a round under way finishes first. On a clean exit
         it checkpoints a last time (if anything changed). If it raises, nothing after the last
         checkpoint is acknowledged, and a restarted trainer reads those entries again. While
-        Redis is unreachable it keeps its state and retries every second.
+        Redis is unreachable it keeps its state and retries every second. A round that raises is
+        logged and its records set aside (trainer/loop/rounds.py `Rounds.failed`); the loop goes on.
         """
         started = time.monotonic()
         deadline = started + budget_s if budget_s is not None else math.inf
@@ -197,11 +202,16 @@ class OnlineTrainer:
             redis_down = False
             lineage = self.next_lineage()
             if lineage is not None:
-                self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
+                try:
+                    self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
+                except Exception as error:  # logged, its records set aside; the loop goes on
+                    self.rounds_part.failed(lineage, error)
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
                 first = max(self.lineages.every(), key=lambda lineage: lineage.new_records)  # the nearest to a round
                 waiting = self.rounds_part.waiting(first) or "waiting for records"
                 self.rounds_part.report(RoundResult(False, False, waiting, domain=first.domain))
+            elif self.status.rejected != self.rejected and self.last_result is not None:
+                self.rounds_part.report(self.last_result)  # records were rejected since its last word: say so
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 if self.checkpoint_dir is not None and self._dirty():
                     self.checkpoint()
@@ -216,6 +226,7 @@ class OnlineTrainer:
         """Take what the stream has for this consumer into the held-out set or the buffer; returns how
         many records came. Waits up to `block_ms` for new entries only when nothing pending came first."""
         received = self.intake.poll(block_ms)
+        self._polled_at = time.monotonic()
         self._polled |= bool(received)
         return received
 
@@ -318,8 +329,13 @@ class OnlineTrainer:
             )
         for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
             self.intake.keep(record)
+        # the screen refused some of them (kept before it existed): counted on top of the counters restored
+        refused, self.intake.rejected = self.intake.rejected, {}
         for name in INTAKE_COUNTERS:
-            setattr(self.intake, name, state.counters[name])
+            if name in state.counters:
+                setattr(self.intake, name, state.counters[name])
+        for reason, count in refused.items():
+            self.intake.rejected[reason] = self.intake.rejected.get(reason, 0) + count
         self.rounds_part.load_state(state.counters, state.rng, state.last_result)
         self.champion.load_state(state.champion)
         self.lineages.load_state(state.domains)
@@ -358,6 +374,8 @@ class OnlineTrainer:
             f"{self.records_consumed} records ({self.tokens_consumed} tokens) consumed, {len(self.buffer)} buffered, "
             f"{len(self.holdout)} held out, {len(self.intake.unacked)} unacknowledged, {self.rounds} rounds in "
             f"{self.train_s:.1f} s, {self.adapters_promoted} promoted, {self._champions()}"
+            + (f", rejected {self.rejected}" if self.rejected else "")
+            + (f", {self.rounds_part.rounds_failed} rounds failed" if self.rounds_part.rounds_failed else "")
             + (f", last round {versus(last.candidate, last.champion)}, loss {last.loss:.4f}" if last else "")
         )
 
@@ -367,6 +385,11 @@ class OnlineTrainer:
             return f"champion {self.champion.name()}"
         names = (f"{lineage.label} {lineage.champion.name()}" for lineage in self.lineages.every())
         return "champions: " + ", ".join(names)
+
+    @property
+    def progressed_at(self) -> float:
+        """The main loop's last poll or optimiser step, monotonic (the lease lapses when it stalls)."""
+        return max(self._polled_at, self.rounds_part.stepped_at)
 
     @property
     def status(self) -> TrainerStatus:
@@ -380,6 +403,9 @@ class OnlineTrainer:
     records_consumed = _part("intake", "records_consumed")  # distinct records taken from the stream
     tokens_consumed = _part("intake", "tokens_consumed")  # their output tokens
     duplicates = _part("intake", "duplicates")  # records dropped because their request id was already kept
+    rejected = _part("intake", "rejected")  # records the screen refused, by reason (trainer/intake/screening.py)
+    rounds_failed = _part("rounds_part", "rounds_failed")  # rounds that raised
+    records_set_aside = _part("rounds_part", "records_set_aside")  # the records they were reading
     rounds = _part("rounds_part", "rounds")  # rounds trained
     train_s = _part("rounds_part", "train_s")  # seconds of optimiser steps
     adapters_promoted = _part("rounds_part", "adapters_promoted")

@@ -41,7 +41,7 @@ from trainer.promotion.versions import AdapterVersion, VersionDirs
 
 log = logging.getLogger("trainer.loop.online")
 
-COUNTERS = ("train_s", "adapters_promoted", "rounds", "promote_errors")
+COUNTERS = ("train_s", "adapters_promoted", "rounds", "promote_errors", "rounds_failed", "records_set_aside")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,10 @@ class Rounds:
         self.adapters_promoted = 0
         self.rounds = 0
         self.promote_errors = 0  # on_promote raised
+        self.rounds_failed = 0  # rounds that raised (the loop logs them and goes on: `failed`)
+        self.records_set_aside = 0  # the records those rounds were reading, taken out of the buffers
+        self.reading: list = []  # what the round under way reads now (records or examples): set aside if it raises
+        self.stepped_at = time.monotonic()  # the last optimiser step (the loop's progress, trainer/process/leader.py)
         self.last_result: RoundResult | None = None
         self.changed = False  # a round ran since the last checkpoint
 
@@ -113,6 +117,7 @@ class Rounds:
         # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out
         # set may grow before the candidate is promoted with the figures it scored on this snapshot
         heldout, revision = lineage.holdout.records, lineage.holdout.revision
+        self.reading = heldout
         waiting = self.waiting(lineage, heldout)
         if waiting:
             return self.report(RoundResult(False, False, waiting, domain=lineage.domain))
@@ -128,6 +133,7 @@ class Rounds:
         losses, trained_ids, train_s = self._steps(lineage.buffer, keep_training, look)
         if look is not None and look.heldout is not None:  # the held-out set grew: the gate decides on all of it
             heldout, revision, champion = look.heldout, look.revision, look.champion
+        self.reading = heldout
         # the round ended at a look that promotes: the weights are those it scored, on this snapshot
         candidate = look.candidate if look is not None and look.promotes else agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
@@ -176,8 +182,32 @@ class Rounds:
     def report(self, result: RoundResult) -> RoundResult:
         """Tell operators (trainer/loop/status.py) what `result` says, naming its lineage's champion."""
         lineage = self.lineages.lineages.get(result.domain) if result.domain is not None else None
-        self.status.report(result, (lineage or self.lineages.general).champion.name())
+        self.status.report(result, (lineage or self.lineages.general).champion.name(), self.intake.rejected)
         return result
+
+    def failed(self, lineage: Lineage, error: Exception) -> None:
+        """A round raised: not for a record the screen knows (those never reach a round), so for one it
+        does not, or for something else (a full disk, a bug). Log it with its traceback, set aside the
+        records it was reading (`reading`: the batch of its step, or the held-out snapshot it scored),
+        put the champions' weights back and go on. The next checkpoint holds none of those records and
+        acknowledges their entries, so a restarted trainer does not meet them again. The lineage waits
+        for `min_new_records` new records before its next round, so a fault that stays does not spin."""
+        ids = {item.request_id for item in self.reading}
+        set_aside = self.intake.set_aside(ids)
+        self.rounds_failed += 1
+        self.records_set_aside += set_aside
+        self.reading, lineage.carried, lineage.new_records = [], None, 0
+        lineage.champion.roll_back()
+        if lineage.domain is not None:
+            self.lineages.general.champion.roll_back()  # between rounds the model holds the general champion
+        self.changed = True
+        reason = (
+            f"a round of the {lineage.label} adapter failed ({type(error).__name__}: {error}); "
+            f"{set_aside} records it was reading set aside, training goes on"
+        )
+        log.exception("%s: %s", reason, sorted(ids)[:8])
+        self.status.round_failed(reason, self.rounds_failed)
+        self.report(RoundResult(False, False, reason, self.rounds, domain=lineage.domain))
 
     def _waiting_for(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
         new_records, needed = lineage.new_records, self.settings.min_new_records
@@ -222,8 +252,9 @@ class Rounds:
         while len(losses) < settings.round_steps or (
             keep_training is not None and len(losses) < settings.max_round_steps and keep_training()
         ):
-            batch = buffer.sample_batch(self.rng, self.batch_tokens)
+            batch = self.reading = buffer.sample_batch(self.rng, self.batch_tokens)
             losses.append(self.trainer.train_step(batch))
+            self.stepped_at = time.monotonic()
             trained_ids.update(example.request_id for example in batch)
             if ready is not None and len(losses) >= settings.round_steps and ready():
                 break
@@ -291,6 +322,7 @@ class Rounds:
         }
 
     def load_state(self, counters: dict, rng: dict, last_result: dict | None) -> None:
+        """Counters a checkpoint written before one existed lack it: it stays at 0."""
         for name in COUNTERS:
             if name in counters:
                 setattr(self, name, counters[name])
@@ -325,6 +357,7 @@ class FirstLook:
         if holdout.revision == self.revision:
             return False
         self.heldout, self.revision = holdout.records, holdout.revision
+        self.rounds.reading = self.heldout
         self.looks += 1
         self.champion = self.lineage.champion.figures(self.heldout, self.revision)
         self.candidate = agreement(self.rounds.trainer, self.heldout)

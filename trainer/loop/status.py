@@ -33,10 +33,21 @@ class TrainerStatus:
     def __init__(self, client: redis.Redis | None, consumer: str) -> None:
         self.client, self.consumer = client, consumer
         self.last: str | None = None
+        self.rejected: dict[str, int] = {}  # the rejected records last reported, by reason
+        self.failure: dict | None = None  # the last round that raised, in every status written after it
+        self._written: tuple | None = None  # what the last write to Redis said
         self._written_at = -math.inf  # monotonic time of the last write to Redis
 
-    def report(self, result: RoundResult, champion: str | None = None) -> dict:
-        """Record what `result` says; returns the status written."""
+    def round_failed(self, message: str, rounds_failed: int) -> None:
+        """A round raised (trainer/loop/rounds.py `Rounds.failed`): every status from now on says so, whatever
+        its message, and the next report is written at once."""
+        self.failure = {"message": message, "at": time.time(), "rounds_failed": rounds_failed}
+        self._written = None
+
+    def report(self, result: RoundResult, champion: str | None = None, rejected: dict[str, int] | None = None) -> dict:
+        """Record what `result` says, and the records the screen rejected so far by reason
+        (trainer/intake/screening.py); returns the status written."""
+        self.rejected = dict(rejected or {})
         state = "promoted" if result.promoted else "not promoted" if result.trained else "waiting"
         record = TrainerStatusRecord(
             state,
@@ -48,15 +59,19 @@ class TrainerStatus:
             champion=champion,
             candidate=result.candidate.as_dict() if result.candidate else None,
             champion_figures=result.champion.as_dict() if result.champion else None,
+            rejected_records=sum(self.rejected.values()),
+            rejected_by_reason=self.rejected,
+            last_failure=self.failure,
         )
         status = record.as_dict()
         changed = result.reason != self.last
         if state == "waiting" and changed:  # a trained round logs itself (online.py)
             log.info("waiting: %s", result.reason)
         self.last = result.reason
-        if not changed and time.monotonic() - self._written_at < REWRITE_S:
+        said = (result.reason, record.rejected_records)
+        if said == self._written and time.monotonic() - self._written_at < REWRITE_S:
             return status  # the same word again: the dashboard's copy is fresh enough
-        self._written_at = time.monotonic()
+        self._written, self._written_at = said, time.monotonic()
         if self.client is not None:
             try:
                 self.client.set(TRAINER_STATUS_KEY, record.to_json(), ex=STATUS_TTL_S)  # the API nulls NaN

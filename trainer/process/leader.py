@@ -3,6 +3,7 @@
     lease = TrainerLease(redis_url, holder_id("trainer-0"), ttl_s=10.0)
     if lease.acquire(stop):             # standby until the lease is free (logged), False if stopped first
         lease.keep(on_lost=stop.set)    # a thread renews it every ttl/4 while training
+        lease.follow(lambda: trainer.progressed_at, stall_s=300.0)   # ... while the main loop makes progress
         ...                             # train; before each promotion: lease.confirm()
         lease.release()                 # at exit: the standby takes over at once
 
@@ -25,6 +26,15 @@ stopped with SIGTERM deletes the key, so its standby takes over within a second.
 Holders are `<consumer>@<hostname>:<pid>`, unique per process. A restarted trainer that finds the
 key held by a process of its own host that no longer exists (the same consumer name, a dead pid)
 takes it over at once instead of waiting out the ttl: that holder cannot renew any more.
+
+A hung leader: the renewal thread is not the trainer. Once `follow` names when the trainer's main loop
+last made progress (`OnlineTrainer.progressed_at`: each poll of the stream and each optimiser step),
+the thread renews only while that was within `stall_s`. A main loop stuck for longer (a call that never
+returns) lets the lease lapse, logged, and the standby takes over; should the loop come back, it finds
+the lease taken at its next renewal and stops as below. `stall_s` must exceed the longest step of the
+loop that makes no progress mark: scoring a held-out set (up to 256 records; about 100 s for a head on
+the default model, when every record's target states are new) or a registry call while MLflow hangs
+(10 s a try, 3 tries).
 
 Losing the lease: the renewal thread finds another holder in the key (say Redis restarted empty
 and the standby got there first). It calls `on_lost`; the trainer stops like on SIGTERM, promotes
@@ -93,6 +103,9 @@ class TrainerLease:
         self._release = self._redis.register_script(_RELEASE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._progressed_at: Callable[[], float] | None = None  # `follow`: the main loop's last progress
+        self.stall_s = 0.0
+        self.stalled = False  # the main loop made no progress for stall_s: the lease is left to lapse
 
     # ---------------------------------------------------------------- standby, then leader
 
@@ -130,6 +143,8 @@ class TrainerLease:
 
         def renew_loop() -> None:
             while not self._stop.wait(self.ttl_ms / 4000):
+                if self._main_loop_stalled():
+                    continue
                 try:
                     self.confirm()
                 except LeaseLost:
@@ -141,6 +156,35 @@ class TrainerLease:
         self._thread = threading.Thread(target=renew_loop, name="trainer-lease", daemon=True)
         self._thread.start()
         return self
+
+    def follow(self, progressed_at: Callable[[], float], stall_s: float) -> TrainerLease:
+        """From now on, renew only while `progressed_at()` (a time.monotonic() value: when the main loop
+        last made progress) is at most `stall_s` old."""
+        if stall_s * 1000 < self.ttl_ms:
+            raise ValueError(f"stall_s ({stall_s}) must be at least the lease's ttl ({self.ttl_ms / 1000} s)")
+        self.stall_s, self._progressed_at = stall_s, progressed_at
+        return self
+
+    def _main_loop_stalled(self) -> bool:
+        """True (logged once per stall) while the main loop has made no progress for `stall_s`."""
+        if self._progressed_at is None:
+            return False
+        idle_s = time.monotonic() - self._progressed_at()
+        if (idle_s > self.stall_s) != self.stalled:
+            self.stalled = not self.stalled
+            if self.stalled:
+                log.error(
+                    "the trainer's main loop has made no progress for %.0f s: no longer renewing the lease %s, "
+                    "so a standby takes over within %.0f s",
+                    idle_s,
+                    self.key,
+                    self.ttl_ms / 1000,
+                )
+            else:
+                log.warning(
+                    "the trainer's main loop made progress again; renewing the lease %s if still ours", self.key
+                )
+        return self.stalled
 
     def confirm(self) -> None:
         """Extend the lease now; raises LeaseLost if another trainer holds it (and redis errors as they come)."""

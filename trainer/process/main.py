@@ -52,7 +52,7 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
 
     from adaptive_spec.drafters.spec import parse_draft_spec
     from registry.client import AdapterRegistry
-    from trainer.intake.stream import CorrectionStream
+    from trainer.intake.stream import CorrectionStream, stream_client
     from trainer.process.build import build_trainer, load_draft
     from trainer.process.leader import TrainerLease, holder_id
     from trainer.promotion.champion import RegistryChampion
@@ -65,7 +65,7 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         )
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5.0)
+    client = stream_client(settings.redis_url)
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -98,6 +98,8 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         on_promote=lease.fenced(pending.submit),
         champion_source=RegistryChampion(registry, pending),
     )
+    lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
+    lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
     try:
         counters = trainer.run(stop, budget_s=settings.budget_s, checkpoint_every_s=settings.checkpoint_every_s)

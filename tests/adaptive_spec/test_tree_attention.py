@@ -1,0 +1,124 @@
+"""Tree feeds (`kv.feed(..., trees=...)`, `kv.TreeFeed`, `BatchCache.keep`): one forward scores
+every node of a draft tree, each node seeing the context and its own ancestors only.
+
+Run: .venv/bin/python -m pytest tests/adaptive_spec/test_tree_attention.py -q
+
+What must hold: every node's logits equal those of its root-to-node path fed as a plain chain
+(bitwise in bf16 with the invariant kernels, eager and compiled; to rounding in fp32); siblings and
+padding never leak into each other; keeping one path moves its keys and values to the slots a chain
+would have used, so the next step is as if only that path had been fed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import llama
+
+from adaptive_spec import compiled, exact, kv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# The pending token (node 0) and a tree of 7 drafted nodes: two children of node 0 (1, 2), node 3
+# under 1, nodes 4 and 5 under 2, node 6 under 5.
+TREE = [70, 11, 12, 21, 31, 32, 41]
+TREE_PARENTS = [-1, 0, 0, 1, 2, 2, 5]
+
+
+def path_of(feed: list[int], parents: list[int], node: int) -> list[int]:
+    """The tokens from the root to `node`, inclusive."""
+    path = []
+    while node >= 0:
+        path.append(feed[node])
+        node = parents[node]
+    return path[::-1]
+
+
+CONTEXTS = [[5, 17, 33, 8, 5, 17, 33], [44, 2, 9], list(range(20, 41))]
+
+
+def fresh(model, contexts) -> kv.BatchCache:
+    cache = kv.BatchCache.for_model(model)
+    cache.row_capacity = len(contexts)
+    for context in contexts:
+        kv.feed(model, cache, [cache.add_row()], [context])
+    return cache
+
+
+def chain_logits(model, context: list[int], path: list[int]) -> torch.Tensor:
+    """The logits after the last token of `path`, fed as a chain after `context`."""
+    cache = fresh(model, [context])
+    return kv.feed(model, cache, [0], [path], all_logits=True)[0, -1]
+
+
+def test_the_tree_mask_and_positions_follow_the_worked_example() -> None:
+    cache = kv.BatchCache(1)
+    cache.add_row()
+    cache.set_length(0, 5)
+    positions, mask = cache.inputs([0], [4], 4, trees=[kv.TreeFeed.from_parents(5, [-1, 0, 0, 1])])
+    assert positions.tolist() == [[5, 6, 6, 7]]
+    sees = mask[0, 0].nonzero().tolist()
+    visible = {q: [k for qq, k in sees if qq == q] for q in range(4)}
+    assert visible[3] == [0, 1, 2, 3, 4, 5, 6, 8]  # c: the context, p (slot 5), a (6), itself (8); not b (7)
+    assert visible[2] == [0, 1, 2, 3, 4, 5, 7]  # b: not its sibling a
+
+
+@pytest.mark.parametrize("path", ["eager", "compiled"])
+def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_path) -> None:
+    model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    if path == "compiled":
+        compiled.install(model, tmp_path)
+    assert exact.make_exact(model).exact
+    # three rows verify the same tree after different contexts; the middle one is padded (a chain of 2)
+    feeds = [TREE, TREE[:2], TREE]
+    parents = [TREE_PARENTS, [-1, 0], TREE_PARENTS]
+    cache = fresh(model, CONTEXTS)
+    trees = [kv.TreeFeed.from_parents(cache.lengths[row], p) for row, p in enumerate(parents)]
+    logits = kv.feed(model, cache, [0, 1, 2], feeds, all_logits=True, trees=trees)  # [3, width, vocab]
+    width = logits.shape[1]
+    for row, (context, feed, row_parents) in enumerate(zip(CONTEXTS, feeds, parents, strict=True)):
+        for node in range(len(feed)):
+            expected = chain_logits(model, context, path_of(feed, row_parents, node))
+            got = logits[row, width - len(feed) + node]
+            assert torch.equal(got, expected), (path, row, node)
+
+
+def test_keeping_a_path_leaves_the_cache_a_chain_would_have_left() -> None:
+    model = llama(1, init=0.02, layers=2).to(torch.bfloat16)
+    exact.install(model)
+    context = CONTEXTS[0]
+    cache = fresh(model, [context])
+    start = cache.lengths[0]
+    kv.feed(model, cache, [0], [TREE], all_logits=True, trees=[kv.TreeFeed.from_parents(start, TREE_PARENTS)])
+    kept = [0, 2, 5]  # a path: node 2's parent is 0, node 5's parent is 2
+    assert path_of(TREE, TREE_PARENTS, 5) == [TREE[i] for i in kept]
+    cache.keep(0, start, kept)
+    cache.set_length(0, start + len(kept))
+    after_tree = kv.feed(model, cache, [0], [[60]], all_logits=True)[0, -1]
+    chain = fresh(model, [context + [TREE[i] for i in kept]])
+    assert torch.equal(after_tree, kv.feed(model, chain, [0], [[60]], all_logits=True)[0, -1])
+
+
+def test_a_bad_tree_is_refused() -> None:
+    with pytest.raises(ValueError, match="parent"):
+        kv.TreeFeed.from_parents(0, [-1, 2, 0])  # a parent after its child
+    cache = kv.BatchCache(1)
+    cache.add_row()
+    with pytest.raises(ValueError, match="for 3 fed"):
+        cache.inputs([0], [3], 3, trees=[kv.TreeFeed.from_parents(0, [-1, 0])])
+
+
+def test_a_tree_grown_over_several_forwards_sees_its_earlier_ancestors() -> None:
+    """A draft grows its tree a depth per forward: depth 2's nodes see the depth-1 node they follow,
+    written by the forward before, and not its sibling."""
+    model = llama(2, init=0.02, layers=2).to(torch.bfloat16)
+    exact.install(model)
+    context = CONTEXTS[1]
+    cache = fresh(model, [context])
+    start = cache.lengths[0]
+    kv.feed(model, cache, [0], [[11, 12]], all_logits=True, trees=[kv.TreeFeed(start, [start, start], [[], []])])
+    # slots start (11) and start + 1 (12) are siblings at the same position; now 21 under 11, 22 under 12
+    grown = kv.TreeFeed(start, [start + 1, start + 1], [[start], [start + 1]])
+    logits = kv.feed(model, cache, [0], [[21, 22]], all_logits=True, trees=[grown])[0]
+    assert torch.equal(logits[0], chain_logits(model, context, [11, 21]))
+    assert torch.equal(logits[1], chain_logits(model, context, [12, 22]))
