@@ -41,17 +41,23 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from adaptive_spec import exact, kv
+from adaptive_spec import attention_cpu, exact, kv
 
 log = logging.getLogger(__name__)
 
 
+_KERNEL: list = [None]  # attention_cpu's kernel once install() built it, else exact.attention serves
+
+
 @torch.library.custom_op("adaptive_spec::attention", mutates_args=())
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:  # fmt: skip  # torch.library reads the annotations
-    """exact.attention as one operator: [n, heads, q, d] -> [n, q, heads, d]."""
+    """The invariant attention as one operator: [n, heads, q, d] -> [n, q, heads, d]; the C++ kernel
+    (attention_cpu.py) on the CPU when it built, else exact.attention."""
+    kernel = _KERNEL[0]
+    if kernel is not None and query.device.type == "cpu":
+        return kernel(query, key, value, mask, scaling)
     groups = query.shape[1] // key.shape[1]
-    module = _Groups(groups)
-    return exact.attention(module, query, key, value, mask, scaling=scaling)[0]
+    return exact.attention(_Groups(groups), query, key, value, mask, scaling=scaling)[0]
 
 
 @attention_op.register_fake
@@ -149,6 +155,8 @@ def install(model: nn.Module, cache_dir: Path | str | None = None) -> CompiledSt
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    if next(model.parameters()).device.type == "cpu" and _KERNEL[0] is None:
+        _KERNEL[0] = attention_cpu.load(Path(cache_dir) / "extensions" if cache_dir is not None else None)
     exact.install(model)
     model.set_attn_implementation(NAME)
     step = CompiledStep(model)

@@ -168,6 +168,16 @@ class Engine:
         return "compiled" if self.target in kv.COMPILED else "eager"
 
     @property
+    def dtype_name(self) -> str:
+        """ "bf16", "fp32" or "fp16": what the target computes in."""
+        return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
+
+    @property
+    def exactness_known(self) -> bool:
+        """Whether `exactness` was measured already (reduced precision and compiled steps measure it at start)."""
+        return self._exactness is not None
+
+    @property
     def exactness(self) -> exact.InvarianceReport:
         """Whether a position's logits are bitwise the same whatever shares its forward, as measured
         on this machine (exact.check): measured at start in reduced precision, on first use in fp32."""

@@ -42,15 +42,21 @@ class ModelOptions:
     k: int | None = None
     dtype: str = "auto"
     device: str = "auto"
+    compile: bool | None = None  # compile the decoding step (None: ADAPTIVE_SPEC_COMPILE, else yes)
+    tree_budget: int | None = None  # draft trees of up to this many nodes (None: chains)
 
     @property
     def models(self) -> ModelOptions:
         """Just the model options of a settings object that holds more."""
-        return ModelOptions(self.target, self.draft, self.k, self.dtype, self.device)
+        return ModelOptions(self.target, self.draft, self.k, self.dtype, self.device, self.compile, self.tree_budget)
 
     def argv(self, *, k: bool = True) -> list[str]:
         """The flags that give a child `adaptive-spec serve` (or, with k=False, `train`) these models."""
         flags = ["--target", self.target, "--draft", self.draft, "--dtype", self.dtype, "--device", self.device]
+        if k and self.compile is not None:
+            flags.append("--compile" if self.compile else "--no-compile")
+        if k and self.tree_budget is not None:
+            flags += ["--tree-budget", str(self.tree_budget)]
         return flags + (["--k", str(self.k)] if k and self.k is not None else [])
 
 

@@ -116,9 +116,24 @@ def model_options(parser: argparse.ArgumentParser):
         "--dtype",
         default=MODELS.dtype,
         choices=DTYPES,
-        help="auto = bf16 on a GPU, fp32 on the CPU (exact greedy equality holds in fp32)",
+        help="auto = bf16 on a GPU and on a CPU with native bf16 (AVX512-BF16, AMX) where the start-up "
+        "exactness check passes, fp32 otherwise (default: %(default)s)",
     )
     group.add_argument("--device", default=MODELS.device, help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    group.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=MODELS.compile,
+        help="compile the decoding step with torch.compile (default: yes, unless ADAPTIVE_SPEC_COMPILE=0; the "
+        "first start on a machine compiles for a few minutes, later starts reuse the data directory's cache)",
+    )
+    group.add_argument(
+        "--tree-budget",
+        type=positive_int,
+        default=MODELS.tree_budget,
+        metavar="N",
+        help="draft trees of up to N nodes per row (drafts that can build them: head, ngram+head); default: chains",
+    )
     return drafts
 
 
@@ -156,14 +171,22 @@ def resolve_adapter(adapter: str | None) -> Path | None:
 
 def model_options_of(args: argparse.Namespace) -> ModelOptions:
     """The model options a command's flags give (--target, --draft, --k, --dtype, --device)."""
-    return ModelOptions(args.target, args.draft, args.k, args.dtype, args.device)
+    return ModelOptions(args.target, args.draft, args.k, args.dtype, args.device, args.compile, args.tree_budget)
 
 
 def load_engine(args):
     from adaptive_spec.engine import Engine
 
     print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
-    engine = Engine.from_pretrained(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
+    engine = Engine.from_pretrained(
+        target=args.target,
+        draft=args.draft,
+        device=args.device,
+        dtype=args.dtype,
+        compile=args.compile,
+        tree_budget=args.tree_budget,
+    )
+    print(f"serving {engine.dtype_name} {engine.path}: {engine.exactness.summary()}", file=sys.stderr)
     adapter = resolve_adapter(getattr(args, "adapter", None))
     if adapter is not None:
         engine.load_adapter(adapter)

@@ -69,9 +69,14 @@ class Service:
                     device=settings.device,
                     dtype=settings.dtype,
                     k=settings.k,
+                    compile=settings.compile,
+                    tree_budget=settings.tree_budget,
                     record_topk=settings.record_topk,
                     max_adapters=settings.max_adapters,
                 ).result()
+            report = thread.submit(lambda: engine.exactness).result()  # /health and the dashboard say it
+            level = logging.INFO if report.exact else logging.WARNING
+            log.log(level, "decoding %s %s: %s", engine.dtype_name, engine.path, report.summary())
             if settings.adapter:  # served from the start, until the registry's champion says otherwise
                 thread.submit(engine.load_adapter, settings.adapter).result()
                 log.info("serving adapter %s from %s", engine.adapter_version, settings.adapter)

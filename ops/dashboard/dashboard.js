@@ -97,6 +97,11 @@ function renderChampion(summary) {
   box.replaceChildren();
   const champion = summary.champion;
   document.getElementById("served").textContent = "served: " + (summary.served_version === null ? "base draft" : "v" + summary.served_version);
+  const decoding = summary.decoding;
+  if (decoding) {
+    const exactness = decoding.exact === null ? "" : decoding.exact ? ", exact" : ", NOT exact";
+    document.getElementById("decoding").textContent = `decoding: ${decoding.dtype} ${decoding.path}${exactness}`;
+  }
   if (!champion) {
     box.append(el("p", { class: "muted" }, summary.served_version === null
       ? "The base draft is served: no adapter has been promoted yet."

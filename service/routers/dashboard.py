@@ -118,6 +118,7 @@ def _summary(stats: StatsRecorder, service, start: float, end: float) -> dict:
         "to": end,
         "replica": stats.replica,
         "served_version": served,
+        "decoding": _decoding(service.engine),  # dtype and path serving, and whether it is exact here
         "champion": stats.adapter_info(served) if served is not None else None,
         "trainer": stats.trainer_status(),  # what the trainer did last or waits for (trainer/loop/rounds.py)
         "drift": {
@@ -188,3 +189,12 @@ async def _read(function, *args):
 
 def _json(body) -> JSONResponse:
     return JSONResponse(finite(body), headers={"Cache-Control": "no-store"})
+
+
+def _decoding(engine) -> dict:
+    """{"dtype": "bf16", "path": "compiled", "exact": True}: what decodes, as /health says it."""
+    return {
+        "dtype": engine.dtype_name,
+        "path": engine.path,
+        "exact": engine.exactness.exact if engine.exactness_known else None,
+    }

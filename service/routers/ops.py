@@ -53,6 +53,9 @@ async def health(request: Request) -> JSONResponse:
         "status": "draining" if worker.closing else "unhealthy" if dead else "ok",
         "model": service.model_name,
         "draft": engine.draft_id,
+        "dtype": engine.dtype_name,
+        "path": engine.path,  # "compiled" or "eager" decoding steps
+        "exact": engine.exactness.exact if engine.exactness_known else None,  # batch-invariant on this machine
         "adapter_version": engine.adapter_version,
         "requests_running": worker.running,
         "requests_waiting": worker.waiting,

@@ -233,6 +233,9 @@ def test_models_health_and_metrics(server, tiny_engine):
     assert models["object"] == "list" and models["data"][0]["id"] == tiny_engine.target_id
     health = httpx.get(server.url + "/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    # what decodes, measured at start: this fp32 eager engine's exactness check ran (exact.check)
+    assert (health.json()["dtype"], health.json()["path"]) == ("fp32", "eager")
+    assert health.json()["exact"] is tiny_engine.exactness.exact
 
     idle(server)
     drafted = metric(server, "adaptive_spec:spec_decode_num_draft_tokens_total")

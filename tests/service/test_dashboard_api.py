@@ -47,6 +47,7 @@ def test_series_events_and_summary_follow_live_traffic_and_swaps(
 
         summary = httpx.get(server.url + "/api/stats/summary").json()
         assert summary["served_version"] == "1"
+        assert summary["decoding"]["dtype"] in ("fp32", "bf16") and summary["decoding"]["path"] in ("eager", "compiled")
         assert summary["champion"]["gate"]["candidate"]["greedy_match"] == 0.5
         assert [d["domain"] for d in summary["domains"]] == ["alpha", "beta"]
         assert all(0 <= d["draft_k"] <= 3 for d in summary["domains"])  # tokens drafted per step, k = 3 at most

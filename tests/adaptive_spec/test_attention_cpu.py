@@ -1,0 +1,62 @@
+"""The C++ attention kernel of the compiled step (`adaptive_spec.attention_cpu`).
+
+Run: .venv/bin/python -m pytest tests/adaptive_spec/test_attention_cpu.py -q   (builds it once: ~20 s)
+
+What must hold: it computes SDPA's formula (to bf16 rounding: bitwise its own fp32 reference here),
+and a query's output is bitwise the same alone, among other queries, in a batch of rows with other
+lengths, and over keys that are masked or past its row's context.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive_spec import attention_cpu
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    built = attention_cpu.load(tmp_path_factory.mktemp("extensions"))
+    assert built is not None, "the kernel did not build: is g++ installed?"
+    return built
+
+
+def inputs(dtype, n=2, heads=9, kv_heads=3, q=5, d=64, kv_len=300, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(n, heads, q, d, generator=generator).to(dtype)
+    key = torch.randn(n, kv_heads, kv_len, d, generator=generator).to(dtype)
+    value = torch.randn(n, kv_heads, kv_len, d, generator=generator).to(dtype)
+    positions = torch.tensor([[kv_len - q + i for i in range(q)], [100 + i for i in range(q)]])[:n]
+    mask = (torch.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]  # [n, 1, q, kv_len]
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_kernel_computes_attention(kernel, dtype) -> None:
+    query, key, value, mask = inputs(dtype)
+    out = kernel(query, key, value, mask, 0.125)
+    assert out.shape == (2, 5, 9, 64) and out.dtype == dtype
+    expected = attention_cpu.reference(query, key, value, mask, 0.125)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_a_querys_output_does_not_depend_on_what_shares_the_call(kernel) -> None:
+    query, key, value, mask = inputs(torch.bfloat16)
+    together = kernel(query, key, value, mask, 0.125)
+    # row 1 alone, over only the 128 keys its mask can reach
+    alone = kernel(query[1:], key[1:, :, :128], value[1:, :, :128], mask[1:, :, :, :128], 0.125)
+    assert torch.equal(alone[0], together[1])
+    # its third query alone, over every key
+    single = kernel(query[1:, :, 2:3], key[1:], value[1:], mask[1:, :, 2:3], 0.125)
+    assert torch.equal(single[0, 0], together[1, 2])
+    # a tree-like mask: a query that skips a key in the middle equals one over the keys without it
+    skipping = mask[1:, :, :1].clone()
+    skipping[..., 50] = False
+    kept = [j for j in range(300) if j != 50]
+    gapped = kernel(query[1:, :, :1], key[1:], value[1:], skipping, 0.125)
+    packed = kernel(query[1:, :, :1], key[1:, :, kept], value[1:, :, kept], skipping[..., kept], 0.125)
+    assert torch.equal(gapped, packed)
