@@ -7,6 +7,7 @@ no Redis, FastAPI or MLflow code (tests/cli/test_cli.py checks it).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from cli.options import (
     positive_int,
     prompt_file,
     raise_input,
+    resolve_adapter,
     write_json,
 )
 
@@ -67,6 +69,14 @@ def add_commands(commands) -> None:
         "--temperature", type=float, default=0.0, help="0 = greedy (default), where `identical` is checked"
     )
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
+    bench.add_argument(
+        "--compare-paths",
+        type=_paths,
+        metavar="PATH,PATH",
+        help="time execution paths side by side, interleaved prompt by prompt: fp32-eager, fp32-compiled, "
+        "bf16-eager, bf16-compiled (e.g. fp32-eager,bf16-compiled); each loads its own engine, and --dtype "
+        "and --compile are then the paths'",
+    )
     model_options(bench)
     adapter_option(bench)
     bench.set_defaults(func=cmd_bench)
@@ -131,14 +141,39 @@ def _stream_text(engine, prompt, kwargs):
     raise AssertionError("stream ended without an output")
 
 
+def _paths(text: str) -> list[str]:
+    from benchmarks.paths import parse_paths
+
+    try:
+        return parse_paths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_bench(args) -> int:
     from adaptive_spec.prompts import load_prompts
     from benchmarks.bench import format_report, run_bench
     from benchmarks.prompts import shipped
 
     items = load_prompts(args.prompts or shipped("chat"))[: args.num_prompts]
+    if args.compare_paths:
+        return _bench_paths(args, items)
     engine = load_engine(args)
     figures = run_bench(engine, items, args.max_new_tokens, args.k, args.temperature, args.dtype)
     print(format_report(figures))
     write_json(args.json, figures)
     return 0 if figures["identical"] in (True, None) else 1
+
+
+def _bench_paths(args, items) -> int:
+    from benchmarks.paths import format_report, load_paths, run_paths
+
+    engines = load_paths(args.compare_paths, args.target, args.draft, args.device, args.tree_budget)
+    adapter = resolve_adapter(args.adapter)
+    if adapter is not None:
+        for engine, _ in engines.values():
+            engine.load_adapter(adapter)
+    figures = run_paths(engines, items, args.max_new_tokens, args.k)
+    print(format_report(figures))
+    write_json(args.json, figures)
+    return 0 if figures["identical"] else 1

@@ -1,0 +1,47 @@
+"""`adaptive-spec bench --compare-paths` on a tiny model: each path's engine, its figures and the
+contract's `paths` keys; the command line refuses a bad list."""
+
+import subprocess
+import sys
+
+import pytest
+
+from adaptive_spec.prompts import PromptItem
+from benchmarks.paths import SHAPES, format_report, load_paths, parse_paths, run_paths
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PATH_KEYS = {"path", "target_tok_s", "spec_tok_s", "identical", "exact"}  # DESIGN.md's contract
+
+
+def test_paths_side_by_side(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path))  # the compiled path's cache
+    engines = load_paths(["fp32-eager", "bf16-eager", "bf16-compiled"], str(tiny_model_dir), "head", "cpu")
+    items = [PromptItem([5, 6, 7, 8]), PromptItem([9, 3, 9, 3, 9])]
+    figures = run_paths(engines, items, max_new_tokens=10, k=2, progress=False)
+    paths = {f["path"]: f for f in figures["paths"]}
+    assert list(paths) == ["fp32-eager", "bf16-eager", "bf16-compiled"]
+    for path, f in paths.items():
+        assert set(f) >= PATH_KEYS
+        assert f["identical"] is True, path  # speculative equals that path's own target alone
+        assert isinstance(f["exact"], bool)
+        assert set(f["forward_ms"]) == {f"{r}x{w}" for r, w in SHAPES} and all(v > 0 for v in f["forward_ms"].values())
+    assert paths["bf16-eager"]["exact"] and paths["bf16-compiled"]["exact"]  # the invariant kernels, checked
+    assert paths["bf16-compiled"]["compiled"] and not paths["bf16-eager"]["compiled"]
+    assert paths["fp32-eager"]["target_vs_first"] == 1.0
+    assert figures["target_tok_s"] == paths["fp32-eager"]["target_tok_s"]  # the top level is the first path
+    assert figures["identical"] is True and figures["hf_peer"].startswith("none")
+    assert "bf16-compiled" in format_report(figures)
+
+
+def test_a_bad_path_list_is_refused():
+    for bad in ("fp16-eager", "bf16-jit", "bf16-eager,bf16-eager", ","):
+        with pytest.raises(ValueError, match="distinct paths"):
+            parse_paths(bad)
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "--compare-paths", "bf16-fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "--compare-paths" in result.stderr
