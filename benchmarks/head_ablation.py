@@ -37,6 +37,7 @@ defaults until rank 64 replaced rank 16):
     unroll-2       a second draft step trained on the head's own states
     lr-3e-3        the optimiser's learning rate 3e-3
     unroll-2-rank-64  unroll 2 at rank 64 (HeadSettings(unroll=2))
+    unroll-3-rank-64  unroll 3 at rank 64
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
 """

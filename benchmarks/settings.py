@@ -43,6 +43,7 @@ RECIPES = {
     "unroll-2": BASE | {"unroll": 2},
     "lr-3e-3": BASE | {"lr": 3e-3},
     "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
+    "unroll-3-rank-64": {"r": 64, "alpha": 128, "unroll": 3},
     "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
 }
 
