@@ -36,17 +36,34 @@ from trainer.learning.drafts import TARGET_DRAFTS
 TRAINABLE = "early-exit:N, head, ngram+early-exit:N or ngram+head"
 
 
+TREE = "@tree:"  # `head@tree:16`: the head drafting trees of up to 16 nodes (Engine's tree_budget)
+
+
+def split_entry(entry: str) -> tuple[str, int | None]:
+    """'head@tree:16' -> ('head', 16); 'early-exit:4' -> ('early-exit:4', None). The tree budget is an
+    engine option, not part of the draft spec: a chain and a tree head share adapters."""
+    spec, sep, budget = entry.partition(TREE)
+    if not sep:
+        return entry, None
+    if not budget.isdigit() or int(budget) < 1:
+        raise DraftSpecError(f"{entry!r}: {TREE}N needs a node budget N >= 1, e.g. head{TREE}16")
+    return spec, int(budget)
+
+
 def parse_draft_list(text: str) -> tuple[str, ...]:
     """'head,early-exit:4' -> ('head', 'early-exit:4'): at least two different drafts that bench-drift
-    trains. Raises DraftSpecError naming the first bad one."""
+    trains; an entry may draft trees (`head@tree:16`). Raises DraftSpecError naming the first bad one."""
     specs = tuple(part.strip() for part in text.split(","))
-    for spec in specs:
+    for entry in specs:
+        spec, tree = split_entry(entry)
         try:
             kind = parse_draft_spec(spec).kind
+            if tree is not None and kind != "head":
+                raise DraftSpecError("only a head draft builds trees")
         except DraftSpecError as exc:
-            raise DraftSpecError(f"{spec!r} is not a draft spec: {exc}") from None
+            raise DraftSpecError(f"{entry!r} is not a draft spec: {exc}") from None
         if kind not in TARGET_DRAFTS:
-            raise DraftSpecError(f"{spec!r} is not a draft bench-drift trains; it trains {TRAINABLE}")
+            raise DraftSpecError(f"{entry!r} is not a draft bench-drift trains; it trains {TRAINABLE}")
     if len(specs) < 2:
         raise DraftSpecError(f"name at least two drafts to compare, e.g. head,early-exit:4; got {text!r}")
     repeated = sorted({spec for spec in specs if specs.count(spec) > 1})
@@ -59,7 +76,8 @@ def check_fits(specs: tuple[str, ...], target) -> None:
     """Each early-exit:N keeps 1 <= N < the target's layers, checked on the first draft's target so that a
     bad N fails before the first run, not after it."""
     layers = len(decoder_layers(target))
-    for spec in specs:
+    for entry in specs:
+        spec, _ = split_entry(entry)
         parsed = parse_draft_spec(spec)
         if parsed.kind == "early-exit" and not 1 <= parsed.layers < layers:
             raise DraftSpecError(f"{spec!r} does not fit the target: early-exit:N needs 1 <= N < {layers}")
@@ -89,7 +107,7 @@ def run_compare(
         if engine is None:
             engine = engine_for(spec)
         log(f"draft {number} of {len(specs)}: {spec}, {settings.budget_minutes:g} minutes")
-        draft_dir = workdir / spec.replace(":", "-")
+        draft_dir = workdir / spec.replace(":", "-").replace("@", "-")
         draft_dir.mkdir(parents=True, exist_ok=True)
         stream = f"{CORRECTION_STREAM}:compare-{uuid.uuid4().hex[:8]}"  # a fresh one per draft, deleted after
         figures = run_drift(engine, items, domain, settings, redis_url, draft_dir, progress, stream_name=stream)

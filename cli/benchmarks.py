@@ -254,13 +254,14 @@ def _drift_inputs(args):
 
 def _bench_compare(args) -> int:
     from adaptive_spec.models import data_dir
-    from benchmarks.compare import format_report, plot, run_compare
+    from benchmarks.compare import format_report, plot, run_compare, split_entry
     from benchmarks.drift import temporary_workdir
 
     items, domain, settings = _drift_inputs(args)
 
-    def engine_for(spec: str):
-        return load_engine(argparse.Namespace(**{**vars(args), "draft": spec}))
+    def engine_for(entry: str):
+        spec, tree = split_entry(entry)
+        return load_engine(argparse.Namespace(**{**vars(args), "draft": spec, "tree_budget": tree or args.tree_budget}))
 
     workdir = temporary_workdir(data_dir())
     with redis_url(workdir) as url:

@@ -28,13 +28,13 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
     monkeypatch.setenv("REDIS_URL", redis_url)  # each draft gets a stream of its own, deleted after
     monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path / "data"))
     out, png = tmp_path / "compare.json", tmp_path / "compare.png"
-    argv = ["bench-drift", "--target", str(tiny_model_dir), "--compare-drafts", "head,early-exit:1"]
+    argv = ["bench-drift", "--target", str(tiny_model_dir), "--compare-drafts", "head@tree:6,early-exit:1"]
     argv += ["--prompts", str(prompts), "--eval-prompts", "4", "--max-new-tokens", "8", "--budget-minutes", "0.5"]
     argv += ["--train-tail-s", "2", "--window-s", "1", "--json", str(out), "--plot", str(png)]
     assert main(argv) == 0
     result = json.loads(out.read_text())
 
-    assert [d["draft"] for d in result["drafts"]] == ["head", "early-exit:1"] and result["identical"] is True
+    assert [d["draft"] for d in result["drafts"]] == ["head@tree:6", "early-exit:1"] and result["identical"] is True
     for draft in result["drafts"]:
         for phase in ("before", "after"):
             assert {"acceptance_rate", "mean_acceptance_length", "speedup_vs_target"} <= set(draft[phase])
@@ -49,7 +49,7 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
         assert draft["draft_forwards_timed"] > 0 and draft["target_forwards_timed"] > 0
         assert sum(window["requests"] for window in draft["live"]) == draft["traffic_prompts_served"]
     printed = capsys.readouterr().out
-    assert "draft step / target step" in printed and "head" in printed and "early-exit:1" in printed
+    assert "draft step / target step" in printed and "head@tree:6" in printed and "early-exit:1" in printed
     assert png.stat().st_size > 0
 
 
@@ -62,6 +62,8 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
         (["--compare-drafts", "head,./no-such-draft"], "'./no-such-draft' is not a draft bench-drift trains"),
         (["--compare-drafts", "head"], "name at least two drafts"),
         (["--compare-drafts", "head,early-exit:1,head"], "'head' is named twice"),
+        (["--compare-drafts", "head,head@tree:0"], "'head@tree:0': @tree:N needs a node budget N >= 1"),
+        (["--compare-drafts", "head,early-exit:1@tree:8"], "only a head draft builds trees"),
     ],
 )
 def test_bad_draft_lists_are_argparse_errors(extra, says, capsys):
