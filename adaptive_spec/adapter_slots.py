@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(eq=False)
 class AdapterSlot:
     version: str
     domain: str | None  # None: the general adapter
-    weights: object  # what the drafter decodes with (drafter.build_weights)
-    vocab: object  # the drafter's DraftVocab for this adapter (restricted to its tokens, or not)
+    weights: Any  # what the drafter decodes with (drafter.build_weights)
+    vocab: Any  # the drafter's DraftVocab for this adapter (restricted to its tokens, or not)
     gated_alpha: float | None  # the acceptance the trainer's gate measured, where dynamic k starts
     nbytes: int = 0
     ngrams: dict | None = None  # n-gram -> continuation, from the domain's recent outputs (draft_ngrams.json)

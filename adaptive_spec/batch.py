@@ -319,7 +319,8 @@ class Batch:
     def _accept_tree(self, row: Row, tree: Proposal, raw: torch.Tensor) -> tuple[Proposal, torch.Tensor, Verdict]:
         """A tree's verdict (acceptance.py), as the chain of the path it kept. raw: [nodes + 1, vocab]."""
         tokens, parents = tree.tokens.tolist(), tree.parents
-        paths = [[]]  # per verify column: the draft tokens before it (column 0: the pending token)
+        assert parents is not None, "a tree proposal has parents"
+        paths: list[list[int]] = [[]]  # per verify column: the draft tokens before it (column 0: the pending token)
         for node, parent in enumerate(parents):
             paths.append([*paths[parent + 1], tokens[node]])
         logits = raw
@@ -418,6 +419,7 @@ class Batch:
         row.stats.wall_s = time.perf_counter() - row.started
         row.stats.adapter_version = None if row.adapter is None else row.adapter.version  # at the end, if it changed
         topk_ids, topk_logprobs = row.trace.stacked(len(row.out))
+        assert row.finish is not None, "an output is made once its row finished"
         text = cut_at_stop(self.engine.decode(row.out), row.request.stop)
         logprobs = row.trace.token_logprobs if row.request.logprobs is not None else None
         top_logprobs = row.trace.top_logprobs if row.request.logprobs else None

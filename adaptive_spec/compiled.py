@@ -96,7 +96,7 @@ class CompiledStep:
     """`model`'s step over rows 0..n-1 of a cache, compiled: (logits [n, width, vocab], the states
     entering the final norm [n, width, hidden])."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: exact.CausalLM):
         decoder = model.model if hasattr(model, "model") else model.get_decoder()
         self.norm = decoder.norm
         self.lm_head = model.get_output_embeddings()
@@ -149,7 +149,7 @@ def _progress():
         log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
 
 
-def install(model: nn.Module, cache_dir: Path | str | None = None) -> CompiledStep:
+def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> CompiledStep:
     """Run `model`'s full-batch steps compiled (kv.feed); its attention becomes the invariant kernel
     behind an opaque operator. `cache_dir` keeps compiled code between processes."""
     if cache_dir is not None:
@@ -164,7 +164,7 @@ def install(model: nn.Module, cache_dir: Path | str | None = None) -> CompiledSt
     return step
 
 
-def uninstall(model: nn.Module) -> None:
+def uninstall(model: exact.CausalLM) -> None:
     """Back to the eager invariant kernels."""
     kv.COMPILED.pop(model, None)
     model.set_attn_implementation(exact.NAME)

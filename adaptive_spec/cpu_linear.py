@@ -102,7 +102,7 @@ def install(model: nn.Module) -> int:
     if _mode() == "auto" and not _calibrated and sum(m.weight.numel() * 4 for m in linears) >= CALIBRATE_BYTES:
         calibrate([m.weight for m in linears])
     for module in linears:
-        module.forward = types.MethodType(_forward, module)
+        module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]  # per instance, on purpose
     return len(linears)
 
 
@@ -116,7 +116,7 @@ def calibrate(weights: list[torch.Tensor], reps: int = 1) -> dict[int, bool]:
     inputs = {(rows, d): torch.randn(rows, d) for rows in CALIBRATE_ROWS for d in width}
     faster = {}
     for rows in CALIBRATE_ROWS:
-        timings = {}
+        timings: dict[bool, float] = {}
         for transposed in (True, False, True, False):  # interleaved: a drifting machine hits both alike
             _transposed[rows] = transposed
             best = timings.get(transposed, float("inf"))

@@ -34,6 +34,7 @@ from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
 from adaptive_spec.contracts import COMPILE_ENV, DEFAULT_DRAFT, DEFAULT_MODEL
+from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
@@ -144,7 +145,7 @@ class Engine:
         dev = resolve_device(device)
         dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
-        drafter = draft
+        drafter: str | Drafter | None = draft
         if isinstance(draft, str) and parse_draft_spec(draft).kind == "model":
             spec = parse_draft_spec(draft)
             drafter = loaded_drafter(spec, load_model(spec.source, dev, dt)[0], vocab_size(model))
@@ -255,7 +256,9 @@ class Engine:
             for row, chunk in batch.step():
                 if chunk.output is not None:
                     outputs[index.pop(row)] = chunk.output
-        return outputs
+        done = [output for output in outputs if output is not None]
+        assert len(done) == len(outputs), "the batch ran until every request finished"
+        return done
 
     def new_batch(self, max_rows: int) -> Batch:
         """An empty batch of up to `max_rows` rows over this engine's models (see batch.py)."""
@@ -337,7 +340,7 @@ class Engine:
             if token in self.eos_ids:
                 return "stop", i + 1
         if req.stop and self.tokenizer is not None:
-            text = self.decode(out)
+            text = self.decode(out) or ""
             if any(s in text for s in req.stop):
                 return "stop", tokens_until_stop(self.decode, out, req.stop)
         if len(out) >= req.max_new_tokens:

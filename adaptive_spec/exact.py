@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import types
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,10 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+# A transformers causal LM: its parts are reached by name (config, model.layers, set_attn_implementation),
+# which nn.Module's types cannot say.
+CausalLM = Any
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +139,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out[:n].reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:  # an nn.Linear that install() marked
     return linear(x, self.weight, self.bias, self._exact_row_chunk)
 
 
-def install(model: nn.Module, row_chunk: int | None = None) -> None:
+def install(model: CausalLM, row_chunk: int | None = None) -> None:
     """Run `model`'s masked attention through `attention` and its linears through `linear`.
     Idempotent; `row_chunk` may be changed by installing again. Bound per module instance, so a
     deep copy of a layer (early-exit drafts, the head) carries it."""
@@ -147,8 +152,8 @@ def install(model: nn.Module, row_chunk: int | None = None) -> None:
         model.set_attn_implementation(NAME)  # a draft head shares its target's config, set there
     for module in model.modules():
         if type(module) is nn.Linear:
-            module._exact_row_chunk = row_chunk
-            module.forward = types.MethodType(_forward, module)
+            module._exact_row_chunk = row_chunk  # type: ignore[assignment]  # read by _forward
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]  # per instance, on purpose
 
 
 def installed(model: nn.Module) -> bool:
@@ -177,7 +182,7 @@ class InvarianceReport:
 
 
 @torch.inference_mode()
-def check(model: nn.Module, seed: int = 0, max_rows: int = 8, max_width: int = 17) -> InvarianceReport:
+def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17) -> InvarianceReport:
     """Compare, bitwise, the logits of positions computed as a plain step against the same
     positions inside verifies of 2 to `max_width` tokens and inside batches of up to `max_rows`
     rows of other lengths with staggered widths (padding). Random token ids, fixed seed; about
@@ -224,7 +229,7 @@ def check(model: nn.Module, seed: int = 0, max_rows: int = 8, max_width: int = 1
     return InvarianceReport(not cases, len(comparisons), len(cases), worst, dtype, cases=cases)
 
 
-def make_exact(model: nn.Module) -> InvarianceReport:
+def make_exact(model: CausalLM) -> InvarianceReport:
     """Install the invariant attention and linears, then check; if a lone-row pad is not enough
     on this machine, try fixed row chunks of 16 (the size below the kernel switch measured on a
     Xeon's LM head). Returns the report of the last attempt; `exact` says whether it holds."""

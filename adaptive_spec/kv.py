@@ -112,7 +112,7 @@ class BatchCache:
                 if buffer is None:
                     self._allocate(layer, other)
                     self._reserve(len(self.lengths), n)
-                    buffer = mine[layer]
+                    buffer = _present(mine[layer])
                 buffer[row, :, :n] = other[source_row, :, :n]
         self.lengths[row] = n
 
@@ -203,7 +203,7 @@ class BatchCache:
             self._allocate(layer_idx, key_states)
         if self._whole:  # written so that the compiler sees no Python number that changes between steps
             n, heads, _, dim = key_states.shape
-            keys, values = self.keys[layer_idx], self.values[layer_idx]
+            keys, values = _present(self.keys[layer_idx]), _present(self.values[layer_idx])
             # one (row, position) pair per fed token, flat: [n * fed]
             keys[self._token_rows, :, self._token_positions] = key_states.transpose(1, 2).reshape(-1, heads, dim)
             values[self._token_rows, :, self._token_positions] = value_states.transpose(1, 2).reshape(-1, heads, dim)
@@ -211,7 +211,7 @@ class BatchCache:
         kv_len = self._kv_len
         out = []
         for buffers, states in ((self.keys, key_states), (self.values, value_states)):
-            buffer = buffers[layer_idx]
+            buffer = _present(buffers[layer_idx])
             if isinstance(self._active, slice):
                 rows = torch.arange(self._active.start, self._active.stop, device=self.device)
             else:
@@ -426,3 +426,9 @@ def capture_final_norm_input(model, active: bool = True):
         yield captured
     finally:
         handle.remove()
+
+
+def _present(buffer: torch.Tensor | None) -> torch.Tensor:
+    """A layer's buffer once allocated (the first write to a layer allocates it)."""
+    assert buffer is not None, "a layer's cache buffer is read before any write allocated it"
+    return buffer

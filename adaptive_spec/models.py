@@ -73,7 +73,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     server's `auto` is `serving_dtype`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {
+    names: dict[str, torch.dtype | None] = {
         "auto": None,
         "fp32": torch.float32,
         "float32": torch.float32,
@@ -84,9 +84,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
-    if dtype == "auto":
+    chosen = names[dtype]
+    if chosen is None:  # auto
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return names[dtype]
+    return chosen
 
 
 def default_gguf_path() -> Path:
@@ -121,11 +122,8 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     """Load (model, tokenizer) in eval mode on `device` in `dtype`, with gradients off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kind, path = resolve_source(name)
-    if kind == "gguf":
-        local = _gguf_as_safetensors(path, cache_dir or data_dir() / "models")
-    else:
-        local = name
+    _, path = resolve_source(name)  # a GGUF file has a path; a Hugging Face id or directory none
+    local = str(_gguf_as_safetensors(path, cache_dir or data_dir() / "models")) if path is not None else name
     try:
         model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
     except OSError as exc:  # missing directory, no such hub id, or the hub is unreachable
@@ -138,7 +136,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     except (OSError, ValueError, TypeError) as exc:  # a weights-only directory: prompts must be token ids
         log.warning("no tokenizer for %s (%s); prompts must be token ids", name, exc)
         tokenizer = None
-    model.to(device).eval().requires_grad_(False)
+    model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]  # transformers types .to() oddly
     return model, tokenizer
 
 
@@ -163,7 +161,7 @@ def _gguf_as_safetensors(gguf: Path, cache_root: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are already dequantized; without this, save_pretrained refuses a GGUF model.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from adaptive_spec import kv
 
 @dataclass(eq=False)
 class _Staged:
-    row: object  # batch.Row
+    row: Any  # batch.Row
     chunks: list[slice]  # of row.ids[:-1], in order
     fed: int = 0  # chunks fed so far
     states: list[torch.Tensor] = field(default_factory=list)  # the target's states per chunk, when wanted
@@ -70,7 +71,7 @@ class ChunkedPrefill:
                 return True
         return False
 
-    def advance(self, clock) -> tuple[object, torch.Tensor | None, float] | None:
+    def advance(self, clock) -> tuple[Any, torch.Tensor | None, float] | None:
         """Feed the next chunk of the first staged prompt. When that was its last chunk, return
         (row, the target's states at its prompt positions or None, seconds spent); the caller moves
         the row into the batch (`copy_into`)."""

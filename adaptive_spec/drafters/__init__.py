@@ -30,11 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from adaptive_spec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from adaptive_spec.adapter_slots import AdapterSlot
+    from adaptive_spec.constraints import Constraints
 
 
 @dataclass
@@ -70,14 +74,14 @@ class DraftRow(Protocol):
     ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
     params: SamplingParams
     generator: torch.Generator | None
-    adapter: object  # the AdapterSlot the row drafts with; None = the base draft
-    constraints: object  # adaptive_spec.constraints.Constraints (penalties, grammar), or None
-    draft_state: object  # what the drafter keeps per row (the head: the target's states); None until it sets it
+    adapter: AdapterSlot | None  # the adapter the row drafts with; None = the base draft
+    constraints: Constraints | None  # penalties, a grammar
+    draft_state: Any  # what the drafter keeps per row (the head: the target's states); None until it sets it
 
 
-def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[object, list[int]]]:
+def by_adapter(rows: Sequence[DraftRow], indices: list[int]) -> list[tuple[AdapterSlot | None, list[int]]]:
     """`indices` grouped by their row's adapter, in order of first appearance: [(adapter, [i, ...])]."""
-    groups: dict[int, tuple[object, list[int]]] = {}
+    groups: dict[int, tuple[AdapterSlot | None, list[int]]] = {}
     for i in indices:
         adapter = rows[i].adapter
         groups.setdefault(id(adapter), (adapter, []))[1].append(i)

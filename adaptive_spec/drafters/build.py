@@ -30,6 +30,7 @@ def make_drafter(draft, target, target_vocab: int, device: torch.device) -> Draf
         spec = parse_draft_spec(draft)
         if spec.kind == "ngram":
             return NgramDrafter(spec.max_ngram, device)
+        drafter: Drafter
         if spec.kind == "early-exit":
             drafter = ModelDrafter(
                 build_early_exit(target, spec.layers), name=str(DraftSpec("early-exit", spec.layers))

@@ -21,6 +21,8 @@ cache of a row that used a free proposal catches up on its next model proposal.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal
@@ -63,7 +65,7 @@ class FreeFirstDrafter(Drafter):
     def new_vocab(self):
         return self.model.new_vocab()
 
-    def free_proposals(self, rows: list[DraftRow], limits: list[int]) -> list[list[int]]:
+    def free_proposals(self, rows: Sequence[DraftRow], limits: list[int]) -> list[list[int]]:
         """Each row's free proposal of at most `limits[i]` tokens: [] where it has no match worth a
         verify slot. The policy (dynamic_k.py `choose_sources`) decides which rows use theirs."""
         free = [self._free(row, k) if k else [] for row, k in zip(rows, limits, strict=True)]
@@ -72,7 +74,7 @@ class FreeFirstDrafter(Drafter):
     def propose(
         self,
         cache,
-        rows: list[DraftRow],
+        rows: Sequence[DraftRow],
         ks: list[int],
         free: list[list[int]] | None = None,
         depths: list[int] | None = None,

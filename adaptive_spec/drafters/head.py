@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
@@ -224,7 +225,7 @@ class HeadDrafter(Drafter):
     def propose(
         self,
         cache: kv.BatchCache,
-        rows: list[DraftRow],
+        rows: Sequence[DraftRow],
         ks: list[int],
         free: list[list[int]] | None = None,
         depths: list[int] | None = None,
@@ -296,7 +297,7 @@ class HeadDrafter(Drafter):
                 start, nodes = cache.lengths[rows[i].slot], expanding[i]
                 for k, index in enumerate(nodes):
                     trees[i].nodes[index].slot = start + k
-                sees = [[trees[i].nodes[a].slot for a in trees[i].ancestors(index)] for index in nodes]
+                sees = [[trees[i].nodes[a].fed_slot for a in trees[i].ancestors(index)] for index in nodes]
                 shapes.append(kv.TreeFeed(context[i], [context[i] - 1 + depth] * len(nodes), sees))
             tokens = [[trees[i].nodes[index].token for index in expanding[i]] for i in live]
             states = [torch.stack([trees[i].nodes[index].state for index in expanding[i]]) for i in live]
@@ -313,8 +314,8 @@ class HeadDrafter(Drafter):
             forwards += 1
         proposals = {}
         for i in group:
-            tokens, parents = trees[i].final()
-            drafted = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            chosen, parents = trees[i].final()
+            drafted = torch.tensor(chosen, dtype=torch.long, device=self.device)
             proposals[i] = Proposal(drafted, None, forwards=forwards, fed=len(feeds[i][0]), parents=parents)
         return proposals
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
@@ -73,7 +74,7 @@ class ModelDrafter(Drafter):
     def propose(
         self,
         cache: kv.BatchCache,
-        rows: list[DraftRow],
+        rows: Sequence[DraftRow],
         ks: list[int],
         free: list[list[int]] | None = None,
         depths: list[int] | None = None,

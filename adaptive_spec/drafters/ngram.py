@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal
@@ -26,7 +28,7 @@ class NgramDrafter(Drafter):
         self.device = torch.device(device)
         self.name = f"ngram:{max_ngram}"
 
-    def propose(self, cache, rows: list[DraftRow], ks: list[int], free=None, depths=None) -> list[Proposal]:
+    def propose(self, cache, rows: Sequence[DraftRow], ks: list[int], free=None, depths=None) -> list[Proposal]:
         return [
             Proposal(torch.tensor(self.lookup(row.ids, k), dtype=torch.long, device=self.device), None)
             for row, k in zip(rows, ks, strict=True)

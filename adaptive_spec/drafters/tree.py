@@ -21,6 +21,7 @@ A and B are expanded; A's children AA -0.3, AB -2.5; B's BA -2.2. The best 4: A,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 TOPK = 4  # children offered per expanded node, and nodes expanded per depth
 
@@ -31,8 +32,14 @@ class Node:
     parent: int  # index of the parent node in its tree, -1 for a child of the pending token
     score: float  # the draft's log-probability of the path from the pending token to this node
     depth: int  # 1 for a child of the pending token
-    state: object = None  # what the draft feeds beside this node's token to expand it (the head: a state)
+    state: Any = None  # what the draft feeds beside this node's token to expand it (the head: a state)
     slot: int | None = None  # where the draft's cache holds this node once it was fed
+
+    @property
+    def fed_slot(self) -> int:
+        """`slot`, for a node the draft has fed (an ancestor of what it expands now)."""
+        assert self.slot is not None, "a tree node is attended to before it was fed"
+        return self.slot
 
 
 class RowTree:
@@ -43,7 +50,7 @@ class RowTree:
         self.depth = depth
         self.nodes: list[Node] = []
 
-    def offer(self, parent: int, candidates: list[tuple[int, float]], state: object = None) -> None:
+    def offer(self, parent: int, candidates: list[tuple[int, float]], state: Any = None) -> None:
         """Children of node `parent` (-1: the pending token): (token, the draft's log-probability)."""
         base = self.nodes[parent] if parent >= 0 else None
         depth = 1 if base is None else base.depth + 1

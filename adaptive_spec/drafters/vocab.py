@@ -8,6 +8,8 @@ it to the tokens recent traffic used (`restrict`), which makes a draft step much
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +22,11 @@ from adaptive_spec.sampling import logits_to_probs, sample
 class DraftVocab:
     def __init__(self, lm_head: torch.nn.Module):
         self.lm_head = lm_head
-        self.full_size = lm_head.weight.shape[0]
+        self.weight = cast(torch.Tensor, lm_head.weight)  # [full_size, hidden]
+        self.full_size = int(self.weight.shape[0])
         self.ids: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
         self._rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
-        self._product = F.linear
+        self._product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
 
     def restrict(self, token_ids) -> None:
         """Propose only these tokens (None: any), computing just their rows of the LM head.
@@ -37,13 +40,13 @@ class DraftVocab:
         if token_ids is None:
             self.ids = self._rows = None
             return
-        device = self.lm_head.weight.device
+        device = self.weight.device
         ids = torch.as_tensor(sorted({int(t) for t in token_ids}), dtype=torch.long, device=device)
         if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.full_size:
             raise ValueError(f"a draft vocabulary must be non-empty ids in [0, {self.full_size})")
         if getattr(self.lm_head, "bias", None) is not None:
             raise ValueError("restricting the vocabulary needs an LM head without bias")
-        self._rows = self.lm_head.weight[ids].contiguous()
+        self._rows = self.weight[ids].contiguous()
         # the same rule as the layers' linears (cpu_linear.install)
         self._product = cpu_linear.skinny_linear if cpu_linear.applies(self._rows) else F.linear
         self.ids = ids
