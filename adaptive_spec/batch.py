@@ -404,7 +404,9 @@ class Batch:
         drafted, reach = proposal.drafted, proposal.reach  # a tree: its size, and its depth
         emitted_now = len(emitted) - cut
         row.stats.add(
-            StepStats(drafted, verdict.num_accepted, emitted_now, proposal.forwards, draft_s, verify_s, proposal.free)
+            StepStats(
+                drafted, verdict.num_accepted, emitted_now, proposal.forwards, draft_s, verify_s, proposal.free, reach
+            )
         )
         if proposal.free:
             row.free_alpha = self.engine.policy.observe_free(row.free_alpha, reach, verdict.num_accepted, row.key)

@@ -5,11 +5,18 @@ Formulas, as a dashboard plots them (vLLM `v1/spec_decode/metrics.py`):
     acceptance_rate         = accepted / drafted
     mean_acceptance_length  = emitted tokens / target forwards while decoding
                             = (accepted + one recovered or bonus token per forward) / forwards
+    tokens_verified_per_step = drafted / forwards   (a chain's length, a tree's size)
+    acceptance_by_depth[d]  = steps that accepted d + 1 tokens or more / steps whose draft reached depth d + 1
 
 Example: 10 steps that drafted 4 tokens each and accepted 30 in all emit 30 + 10 = 40 tokens,
 so acceptance_rate = 30 / 40 = 0.75 and mean_acceptance_length = 40 / 10 = 4.0. Plain decoding
 (k = 0) has mean_acceptance_length 1.0 and no acceptance rate. The prompt's prefill is not a
 decoding forward and is counted apart.
+
+A draft tree of 12 nodes and depth 4 verifies 12 tokens but can be accepted at 4 positions at most:
+it counts 12 drafted tokens and reaches depths 1-4 once each. A chain of 4 reaches the same depths,
+so acceptance by depth compares a chain and a tree on the same footing, while acceptance_rate (per
+verified token) is lower for the tree by design.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ class StepStats:
     draft_s: float
     verify_s: float
     free: bool = False  # the drafted tokens were a free proposal (copied, no model forward)
+    reach: int | None = None  # depths it could be accepted at: a tree's depth; None = a chain, `drafted`
 
 
 @dataclass
@@ -37,6 +45,8 @@ class Totals:
     accepted: float = 0  # of which the target kept
     emitted: float = 0  # tokens emitted by decoding forwards (accepted + one recovered or bonus each)
     target_forwards: float = 0  # decoding forwards (verifications); the prefill is counted apart
+    accepted_per_pos: list[int] = field(default_factory=list)  # [depth] steps that accepted past depth i
+    drafted_per_pos: list[int] = field(default_factory=list)  # [depth] steps whose draft reached depth i + 1
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -48,13 +58,39 @@ class Totals:
         """emitted / target forwards; None before the first forward."""
         return self.emitted / self.target_forwards if self.target_forwards else None
 
+    @property
+    def tokens_verified_per_step(self) -> float | None:
+        """drafted / target forwards: the draft tokens one verify checks (a tree's size); None before the first."""
+        return self.drafted / self.target_forwards if self.target_forwards else None
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """[depth - 1] the share of drafts reaching that depth whose token there was accepted."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)]
+
     def include(self, other: Totals) -> Totals:
         """Add another's sums (a RequestStats is one) into these; returns self."""
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.emitted += other.emitted
         self.target_forwards += other.target_forwards
+        self.accepted_per_pos = _summed(self.accepted_per_pos, other.accepted_per_pos)
+        self.drafted_per_pos = _summed(self.drafted_per_pos, other.drafted_per_pos)
         return self
+
+    def figures(self) -> dict:
+        """The derived figures every report prints, under the names the JSON contracts use."""
+        return {
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "tokens_verified_per_step": self.tokens_verified_per_step,
+            "acceptance_by_depth": self.acceptance_by_depth,
+        }
+
+
+def _summed(mine: list[int], theirs: list[int]) -> list[int]:
+    longer = max(len(mine), len(theirs))
+    return [(mine[i] if i < len(mine) else 0) + (theirs[i] if i < len(theirs) else 0) for i in range(longer)]
 
 
 @dataclass
@@ -71,8 +107,6 @@ class RequestStats(Totals):
     adapter_version: str | None = None
     free_drafted: int = 0  # of `drafted`, tokens of free proposals (ngram+ drafts: copied, no forward)
     free_accepted: int = 0  # of `accepted`, those the free proposals got
-    accepted_per_pos: list[int] = field(default_factory=list)  # [k_max] accepted at draft position i
-    drafted_per_pos: list[int] = field(default_factory=list)  # [k_max] drafted at draft position i
 
     def add(self, step: StepStats) -> None:
         self.drafted += step.drafted
@@ -85,11 +119,12 @@ class RequestStats(Totals):
         if step.free:
             self.free_drafted += step.drafted
             self.free_accepted += step.accepted
-        grow = step.drafted - len(self.drafted_per_pos)
+        reach = step.drafted if step.reach is None else step.reach
+        grow = reach - len(self.drafted_per_pos)
         if grow > 0:
             self.drafted_per_pos += [0] * grow
             self.accepted_per_pos += [0] * grow
-        for pos in range(step.drafted):
+        for pos in range(reach):
             self.drafted_per_pos[pos] += 1
             self.accepted_per_pos[pos] += pos < step.accepted
 

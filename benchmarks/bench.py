@@ -104,8 +104,7 @@ def run_bench(
         "target_tok_s": rate["target"],
         "spec_tok_s": rate["spec"],
         "speedup_vs_target": rate["spec"] / rate["target"],
-        "acceptance_rate": totals.acceptance_rate,
-        "mean_acceptance_length": totals.mean_acceptance_length,
+        **totals.figures(),  # acceptance rate, mean acceptance length, tokens verified per step, by depth
         "target_forwards_per_token": totals.target_forwards / totals.emitted if totals.emitted else None,
         "ttft_target_s": statistics.median(ttft["target"]),
         "ttft_spec_s": statistics.median(ttft["spec"]),
@@ -172,11 +171,18 @@ def format_report(figures: dict) -> str:
         f"  acceptance rate {num(figures['acceptance_rate'], '.3f')}, mean acceptance length "
         f"{num(figures['mean_acceptance_length'], '.2f')}, target forwards/token "
         f"{num(figures['target_forwards_per_token'], '.3f')}",
+        f"  tokens verified per step {num(figures['tokens_verified_per_step'], '.2f')}, acceptance by depth "
+        f"{depths(figures['acceptance_by_depth'])}",
         f"  time to first token: target alone {figures['ttft_target_s'] * 1000:.0f} ms, ours "
         f"{figures['ttft_spec_s'] * 1000:.0f} ms (x{figures['ttft_ratio']:.2f}), median over prompts",
         f"  identical to target alone: {figures['identical']} ({figures['identical_prompts']}/{figures['prompts']})",
     ]
     return "\n".join(lines)
+
+
+def depths(rates: list[float]) -> str:
+    """[0.71, 0.4, 0.12] -> '1: 0.71  2: 0.40  3: 0.12' (the first 8); 'none' when nothing was drafted."""
+    return "  ".join(f"{depth}: {rate:.2f}" for depth, rate in enumerate(rates[:8], 1)) or "none"
 
 
 def _no_hf_peer(engine: Engine, constrained: int) -> str | None:

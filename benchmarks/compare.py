@@ -152,6 +152,11 @@ def format_report(result: dict) -> str:
             row("", lambda d: d["draft"]),
             row("acceptance rate", change("acceptance_rate", ".3f")),
             row("mean acceptance length", change("mean_acceptance_length", ".2f")),
+            row("tokens verified / step", change("tokens_verified_per_step", ".2f")),
+            *(
+                row(f"acceptance at depth {depth}", lambda d, i=depth - 1: _at_depth(d, i))
+                for depth in range(1, 1 + max(len(d["after"]["acceptance_by_depth"]) for d in drafts))
+            ),
             row("speedup vs target", change("speedup_vs_target", ".2f", "x")),
             row("draft step / target step", lambda d: _fmt(d["draft_step_fraction"])),
             row(
@@ -169,15 +174,21 @@ def format_report(result: dict) -> str:
     )
 
 
+def _at_depth(draft: dict, index: int) -> str:
+    rates = [draft[phase]["acceptance_by_depth"] for phase in ("before", "after")]
+    return " -> ".join(_fmt(r[index] if index < len(r) else None, ".2f") for r in rates)
+
+
 def plot(result: dict, path: str | Path) -> None:
-    """Live acceptance of each draft's traffic over the seconds since its trainer started, on one axis;
-    dotted lines where a promoted adapter was swapped in."""
+    """Left: live acceptance of each draft's traffic over the seconds since its trainer started, dotted
+    lines where a promoted adapter was swapped in. Right: each draft's held-out acceptance by depth,
+    before (dashed) and after training."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axis = plt.subplots(figsize=(10, 5))
+    fig, (axis, by_depth) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     for index, draft in enumerate(result["drafts"]):
         colour = f"C{index % 10}"
         points = [(w["t_s"], w["acceptance_rate"]) for w in draft["live"] if w["acceptance_rate"] is not None]
@@ -199,6 +210,17 @@ def plot(result: dict, path: str | Path) -> None:
     axis.set_xlabel(f"seconds since the draft's trainer started ({result['window_s']:g} s windows)")
     axis.grid(alpha=0.3)
     axis.legend(loc="upper left", fontsize=8)
+    for index, draft in enumerate(result["drafts"]):
+        for phase, style in (("before", "--"), ("after", "-")):
+            rates = draft[phase]["acceptance_by_depth"]
+            if rates:
+                label = f"{draft['draft']} {phase}"
+                by_depth.plot(range(1, len(rates) + 1), rates, style, marker="o", color=f"C{index % 10}", label=label)
+    by_depth.set_ylim(0, 1)
+    by_depth.set_xlabel("draft depth (a tree's level, a chain's position)")
+    by_depth.set_ylabel("held-out acceptance at that depth\n(drafts reaching it whose token was kept)")
+    by_depth.grid(alpha=0.3)
+    by_depth.legend(fontsize=8)
     fig.suptitle(
         f"adaptive-spec bench-drift --compare-drafts on {result['domain']}: {Path(str(result['target'])).name}, "
         f"{result['budget_minutes']:g} minutes per draft, k {result['k']}",

@@ -51,7 +51,7 @@ from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 from adaptive_spec.stats import Totals
-from benchmarks.bench import run_bench
+from benchmarks.bench import depths, run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
 from service.correction_log import CorrectionLogWriter
 from trainer.intake.stream import CorrectionStream
@@ -61,7 +61,14 @@ from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
-PHASE_KEYS = ("acceptance_rate", "mean_acceptance_length", "speedup_vs_target", "identical")
+PHASE_KEYS = (
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "tokens_verified_per_step",
+    "acceptance_by_depth",
+    "speedup_vs_target",
+    "identical",
+)
 
 
 @dataclass
@@ -280,7 +287,10 @@ def format_report(figures: dict) -> str:
             f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
             f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
             f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
+            f"  tokens verified/step   {f(b['tokens_verified_per_step'], '.2f')}     {f(a['tokens_verified_per_step'], '.2f')}",
             f"  speedup vs target      {f(b['speedup_vs_target'], '.2f')}x    {f(a['speedup_vs_target'], '.2f')}x",
+            f"  acceptance by depth    before {depths(b['acceptance_by_depth'])}",
+            f"                         after  {depths(a['acceptance_by_depth'])}",
             f"  identical to target    {b['identical']}     {a['identical']}",
             f"  draft step / target step {f(figures['draft_step_fraction'])} after training "
             f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms medians, "

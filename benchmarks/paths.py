@@ -107,11 +107,7 @@ def run_paths(
                 "identical_prompts": identical[path],
                 "exact": engine.exactness.exact,
                 "exactness": engine.exactness.summary(),
-                "acceptance_rate": totals[path].acceptance_rate,
-                "mean_acceptance_length": totals[path].mean_acceptance_length,
-                "tokens_verified_per_step": totals[path].drafted / totals[path].target_forwards
-                if totals[path].target_forwards
-                else None,
+                **totals[path].figures(),
                 "load_s": load_s,
                 "forward_ms": forward_costs(engine),
             }
@@ -129,6 +125,8 @@ def run_paths(
         "hf_peer": "none: --compare-paths times our own paths only",
         "acceptance_rate": head["acceptance_rate"],
         "mean_acceptance_length": head["mean_acceptance_length"],
+        "tokens_verified_per_step": head["tokens_verified_per_step"],
+        "acceptance_by_depth": head["acceptance_by_depth"],
         "target_forwards_per_token": totals[paths[0]].target_forwards / totals[paths[0]].emitted
         if totals[paths[0]].emitted
         else None,

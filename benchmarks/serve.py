@@ -52,6 +52,7 @@ import httpx
 from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem
+from adaptive_spec.stats import Totals
 from benchmarks.load import percentile
 from launch.processes import Child, free_port, http_ok
 from launch.processes import child_env as launch_child_env
@@ -85,6 +86,7 @@ class Reply:
     text: str = ""
     status: int | None = None  # None: a transport failure
     error: str = ""
+    spec: dict = field(default_factory=dict)  # the response's usage.spec_decode
 
 
 @dataclass
@@ -132,6 +134,8 @@ class Level:
             "ttft_p50_s": _round(percentile(ttfts, 50)),
             "ttft_p99_s": _round(percentile(ttfts, 99)),
             "tpot_s": _round(statistics.fmean(tpots) if tpots else math.nan),
+            "tpot_p99_s": _round(percentile(tpots, 99)),
+            **{key: _round_all(value) for key, value in _speculation(ok).figures().items()},
             "errors": len(self.replies) - len(ok),
             "identical": bool(ok) and all(r.text == reference[r.prompt] for r in ok),
             "mismatched": sum(r.text != reference[r.prompt] for r in ok),
@@ -142,6 +146,32 @@ class Level:
 
 def _round(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 4)
+
+
+def _round_all(value):
+    """A figure of Totals.figures() rounded: None stays, a list is rounded item by item."""
+    if value is None:
+        return None
+    return [round(v, 4) for v in value] if isinstance(value, list) else round(value, 4)
+
+
+def _speculation(replies: list[Reply]) -> Totals:
+    """The replies' usage.spec_decode summed: acceptance, tokens verified per step and by depth."""
+    totals = Totals()
+    for reply in replies:
+        spec = reply.spec
+        forwards = spec.get("num_verify_forwards") or 0
+        totals.include(
+            Totals(
+                drafted=spec.get("num_draft_tokens") or 0,
+                accepted=spec.get("num_accepted_tokens") or 0,
+                emitted=(spec.get("mean_acceptance_length") or 0) * forwards,
+                target_forwards=forwards,
+                accepted_per_pos=list(spec.get("num_accepted_tokens_per_pos") or []),
+                drafted_per_pos=list(spec.get("num_drafts_per_pos") or []),
+            )
+        )
+    return totals
 
 
 def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: Callable[[str], None] = print) -> dict:
@@ -344,6 +374,7 @@ async def _one(
                         reply.text += delta
                 if event.get("usage"):
                     reply.tokens = event["usage"]["completion_tokens"]
+                    reply.spec = event["usage"].get("spec_decode") or {}
     except httpx.HTTPError as exc:
         reply.status, reply.error = None, type(exc).__name__
     reply.latency_s = time.monotonic() - reply.sent

@@ -39,6 +39,7 @@ import json
 from dataclasses import dataclass
 
 from adaptive_spec.engine import GenerationOutput
+from adaptive_spec.stats import Totals
 
 CHAT, COMPLETION = "chat", "completion"
 MIN_LOGPROB = -9999.0  # what OpenAI shows for a token the model rules out (JSON has no -inf)
@@ -46,21 +47,25 @@ MIN_LOGPROB = -9999.0  # what OpenAI shows for a token the model rules out (JSON
 
 def usage(prompt_tokens: int, outputs: list[GenerationOutput]) -> dict:
     stats = [output.stats for output in outputs]
-    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
-    forwards, emitted = sum(s.target_forwards for s in stats), sum(s.emitted for s in stats)
+    total = Totals()
+    for one in stats:
+        total.include(one)
     completion_tokens = sum(len(output.token_ids) for output in outputs)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "spec_decode": {
-            "num_draft_tokens": drafted,
-            "num_accepted_tokens": accepted,
+            "num_draft_tokens": total.drafted,
+            "num_accepted_tokens": total.accepted,
             "num_free_draft_tokens": sum(s.free_drafted for s in stats),  # copied by ngram+ drafts
             "num_free_accepted_tokens": sum(s.free_accepted for s in stats),
-            "num_drafts": sum(s.drafted_per_pos[0] if s.drafted_per_pos else 0 for s in stats),
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": emitted / forwards if forwards else None,
+            "num_drafts": total.drafted_per_pos[0] if total.drafted_per_pos else 0,
+            "num_verify_forwards": total.target_forwards,  # target forwards while decoding (the prefill apart)
+            "num_drafts_per_pos": total.drafted_per_pos,  # drafts reaching depth i + 1 (a tree's level)
+            "num_accepted_tokens_per_pos": total.accepted_per_pos,  # of which the token at that depth was kept
+            "acceptance_rate": total.acceptance_rate,
+            "mean_acceptance_length": total.mean_acceptance_length,
             "adapter_version": stats[0].adapter_version,
         },
     }

@@ -24,6 +24,7 @@ from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.drafters.tree import RowTree
+from adaptive_spec.stats import Totals
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,6 +92,16 @@ def test_a_tree_verifies_more_than_a_chain_and_its_second_guesses_are_taken() ->
     tree_verified = sum(o.stats.drafted for o in tree_out) / tree_steps
     assert tree_verified > chain_verified  # up to 12 nodes per step against 3
     assert tree_steps < chain_steps, (tree_steps, chain_steps)  # the second guesses saved target forwards
+    # acceptance by depth counts depths, not nodes: at most 3 per step, one accepted token per depth reached
+    totals = {name: Totals() for name in ("chain", "tree")}
+    for name, outs in (("chain", chain_out), ("tree", tree_out)):
+        for out in outs:
+            totals[name].include(out.stats)
+            assert len(out.stats.drafted_per_pos) <= 3 and sum(out.stats.accepted_per_pos) == out.stats.accepted
+    assert sum(totals["tree"].drafted_per_pos) < totals["tree"].drafted  # 12-node trees, 3 depths each
+    assert sum(totals["chain"].drafted_per_pos) == totals["chain"].drafted
+    assert totals["tree"].acceptance_by_depth[0] > totals["chain"].acceptance_by_depth[0]  # 4 guesses at depth 1
+    assert totals["tree"].tokens_verified_per_step == pytest.approx(tree_verified)
 
 
 def test_penalties_apply_per_node_of_a_tree() -> None:

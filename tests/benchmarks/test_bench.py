@@ -42,7 +42,11 @@ def test_bench_figures(k):
     assert figures["ttft_target_s"] > 0 and figures["ttft_spec_s"] > 0
     assert math.isclose(figures["ttft_ratio"], figures["ttft_spec_s"] / figures["ttft_target_s"])
     assert 1.0 <= figures["mean_acceptance_length"] <= (k or 8) + 1
-    assert "time to first token" in format_report(figures)
+    depths = figures["acceptance_by_depth"]
+    assert 1 <= len(depths) <= (k or 8) and all(0.0 <= rate <= 1.0 for rate in depths)
+    assert 0 < figures["tokens_verified_per_step"] <= (k or 8)  # a chain verifies at most k per step
+    report = format_report(figures)
+    assert "time to first token" in report and "acceptance by depth 1: " in report
 
 
 @pytest.mark.parametrize("draft", ["head", "ngram+early-exit:1"])

@@ -38,6 +38,8 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
     for draft in result["drafts"]:
         for phase in ("before", "after"):
             assert {"acceptance_rate", "mean_acceptance_length", "speedup_vs_target"} <= set(draft[phase])
+            assert isinstance(draft[phase]["acceptance_by_depth"], list)
+            assert draft[phase]["tokens_verified_per_step"] is None or draft[phase]["tokens_verified_per_step"] >= 0
             assert draft[phase]["identical"] is True
         assert draft["domain"] == "tiny" and draft["eval_prompts"] == 4
         assert draft["traffic_prompts_served"] > 0 and draft["records_written"] > 0
@@ -49,7 +51,7 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
         assert draft["draft_forwards_timed"] > 0 and draft["target_forwards_timed"] > 0
         assert sum(window["requests"] for window in draft["live"]) == draft["traffic_prompts_served"]
     printed = capsys.readouterr().out
-    assert "draft step / target step" in printed and "head@tree:6" in printed and "early-exit:1" in printed
+    assert "draft step / target step" in printed and "tokens verified / step" in printed and "head@tree:6" in printed and "early-exit:1" in printed
     assert png.stat().st_size > 0
 
 

@@ -21,6 +21,10 @@ RUN_KEYS = {
     "ttft_p50_s",
     "ttft_p99_s",
     "tpot_s",
+    "tpot_p99_s",
+    "mean_acceptance_length",
+    "tokens_verified_per_step",
+    "acceptance_by_depth",
     "errors",
     "identical",
     "k",
@@ -82,5 +86,10 @@ def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model
     assert one_at_a_time[3]["batch_size"] == 1.0  # --max-batch 1 decodes one request at a time
     assert batched[3]["batch_size"] > 1.0  # three users share steps
     assert all(r["k"] == 0 for r in batched.values())  # the target alone drafts nothing
+    assert all(r["tokens_verified_per_step"] == 0 and r["acceptance_by_depth"] == [] for r in batched.values())
+    speculative = [r for r in figures["runs"] if r["config"] == "batched_speculative"]
+    for run in speculative:  # from the replies' usage.spec_decode
+        assert run["mean_acceptance_length"] >= 1.0 and run["tokens_verified_per_step"] > 0
+        assert run["acceptance_by_depth"] and all(0 <= rate <= 1 for rate in run["acceptance_by_depth"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "batched speculative" in result.stdout

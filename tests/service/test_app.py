@@ -127,6 +127,8 @@ def test_completion_equals_the_target_alone(server, tiny_engine):
     assert set(spec) >= {"num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length", "adapter_version"}
     assert 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"] and spec["num_draft_tokens"] > 0
     assert spec["mean_acceptance_length"] >= 1.0 and spec["adapter_version"] is None
+    assert spec["num_verify_forwards"] > 0 and spec["num_drafts"] == spec["num_drafts_per_pos"][0]
+    assert sum(spec["num_accepted_tokens_per_pos"]) == spec["num_accepted_tokens"]
     assert response.id.startswith("cmpl-") and response.model == model_name(server)
 
 
