@@ -71,6 +71,7 @@ class Service:
                     k=settings.k,
                     record_topk=settings.record_topk,
                     max_adapters=settings.max_adapters,
+                    json_whitespace=settings.json_whitespace,
                 ).result()
             if settings.adapter:  # served from the start, until the registry's champion says otherwise
                 thread.submit(engine.load_adapter, settings.adapter).result()
