@@ -44,7 +44,7 @@ from adaptive_spec.prompts import PromptItem, load_prompts
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures
-from benchmarks.serve import ServeBenchSettings, child_env, served
+from benchmarks.serve import ServeBenchSettings, child_env, reply_text, served
 from launch.processes import Child
 from launch.redis import started_server
 from service.stats_queries import ratio
@@ -238,8 +238,7 @@ def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool
         "temperature": 0,
         "adaptive_spec": {"speculative": speculative, "log": log_record},
     }
-    if item.response_format is not None:
-        body["response_format"] = item.response_format
+    body |= item.request_fields()  # response_format, tools, tool_choice
     if item.domain:
         body["adaptive_spec"]["domain"] = item.domain
     if isinstance(item.prompt, str):
@@ -278,7 +277,7 @@ def _reply(server: str, phase: int, prompt: int, end_s: float, body: dict, laten
         spec.get("num_draft_tokens", 0),
         spec.get("num_accepted_tokens", 0),
         spec.get("adapter_version"),
-        choice["message"]["content"] if "message" in choice else choice["text"],
+        reply_text(choice["message"]) if "message" in choice else choice["text"],
     )
 
 

@@ -12,7 +12,8 @@
 
 - parser.py: functions, calls, stream deltas, the registry of formats (`TOOL_PARSERS`);
 - hermes.py: Hermes-style `<tool_call>{...}</tool_call>`, the first format;
-- prompt.py: the tools into the prompt, through the chat template or written in by the format.
+- prompt.py: the tools into the prompt, through the chat template or written in by the format;
+- use.py: what `tools`, `tool_choice` and `parallel_tool_calls` do to one request (`ToolUse`).
 
 A forced call is a grammar like any structured output (grammar.py), so it stays lossless under
 speculation: the mask applies to the target's and the draft's tokens alike.
@@ -31,6 +32,7 @@ from adaptive_spec.tools.parser import (
     tool_parser,
 )
 from adaptive_spec.tools.prompt import template_takes_tools, tool_prompt
+from adaptive_spec.tools.use import ToolUse
 
 __all__ = [
     "TOOL_PARSERS",
@@ -40,6 +42,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStream",
     "ToolError",
+    "ToolUse",
     "hermes",
     "register_tool_parser",
     "template_takes_tools",

@@ -28,12 +28,13 @@ from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
 from adaptive_spec.textstream import IncrementalText
 from adaptive_spec.tokens import encode_prompt
 from adaptive_spec.tools import ToolCallStream
+from adaptive_spec.tools.use import ToolUse
 from service.deps import ApiKey, ServiceDep
 from service.errors import APIError, bad_request
 from service.responses import CHAT, COMPLETION, Formatter, Logprobs, sse, token_text, tool_calls_finish
 from service.runtime import Service
 from service.schemas import ChatRequest, CompletionRequest
-from service.tool_calls import ToolCalling
+from service.tool_calls import tool_use
 from service.worker import Ended, Job, Rejected
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKey])
@@ -76,7 +77,7 @@ async def list_models(service: ServiceDep) -> dict:
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, request: Request, service: ServiceDep):
     messages = [message.as_engine() for message in body.messages]
-    calling = ToolCalling.of(body, service.settings.tool_call_parser)  # None: no tools, no tool turns
+    calling = tool_use(body, service.settings.tool_call_parser)  # None: no tools, no tool turns
     if calling is None:
         return await _generate(service, request, body, messages, CHAT)
     messages, tools = calling.prompt(messages, service.engine.tokenizer)
@@ -94,7 +95,7 @@ async def _generate(
     body,
     prompt,
     kind: str,
-    calling: ToolCalling | None = None,
+    calling: ToolUse | None = None,
     tools: list[dict] | None = None,
 ):
     settings, engine = service.settings, service.engine
