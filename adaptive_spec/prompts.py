@@ -43,7 +43,8 @@ def encode_item(item: PromptItem, engine) -> tuple[list[int], dict | None]:
     from adaptive_spec.tokens import encode_prompt
     from adaptive_spec.tools.use import ToolUse
 
-    use = None if isinstance(item.prompt, str) else ToolUse.of(item.tools, item.tool_choice, None, item.prompt)
+    chat = isinstance(item.prompt, list) and bool(item.prompt) and isinstance(item.prompt[0], dict)  # not token ids
+    use = ToolUse.of(item.tools, item.tool_choice, None, item.prompt) if chat else None
     if use is None:
         return engine.encode_prompt(item.prompt), item.response_format
     messages, tools = use.prompt(item.prompt, engine.tokenizer)
