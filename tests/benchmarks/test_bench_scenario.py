@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/benchmarks/test_bench_scenario.py -q   (ab
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -96,3 +97,45 @@ def test_scenarios_are_parsed_or_refused_with_the_part_that_is_wrong(tmp_path):
             parse_scenario(bad)
     with pytest.raises(PromptFileError, match="no shipped prompt set"):
         parse_scenario("nosuchdomain:60")
+
+
+def test_a_scenario_from_a_start_version_serves_it_on_both_servers_the_static_one_frozen(tiny_model_dir, tmp_path):
+    """--start-version: the adaptive server drafts with the version from its first reply (registered as
+    the run's champion, the trainer trains on from it), the static one serves the same version frozen."""
+    from adapter_files import write_adapter
+    from tiny import tiny_target
+
+    warm = write_adapter(
+        tiny_target(0), 1, tmp_path / "warm", seed=3, target_id=str(tiny_model_dir), draft_id="early-exit:1", version=7
+    )
+    a = prompt_file(tmp_path / "alpha.jsonl", "abc")
+    settings = ScenarioSettings(
+        phases=tuple(parse_scenario(f"{a}:6")),
+        target=str(tiny_model_dir),
+        draft="early-exit:1",
+        k=2,
+        dtype="fp32",
+        device="cpu",
+        max_new_tokens=8,
+        eval_prompts=2,
+        window_s=3.0,
+        max_batch=2,
+        trainer_args=("--min-new-records", "4", "--gate-min-positions", "16", "--round-steps", "3"),
+        start_adapter=warm,
+        start_version="7",
+    )
+    result = run_scenario(settings, log=lambda line: None)
+    assert result["identical"] is True
+    assert result["start_version"] == "7" and result["static"] == "version 7, frozen"
+    assert result["first_adapter_versions"] == {"adaptive": "1", "static": "7"}  # the run's registry calls it 1
+    assert "static: version 7, frozen" in format_report(result)
+
+
+def test_start_version_applies_to_scenarios_only():
+    run = subprocess.run(
+        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "--start-version applies to --scenario" in run.stderr
