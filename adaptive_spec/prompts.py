@@ -43,11 +43,13 @@ def encode_item(item: PromptItem, engine) -> tuple[list[int], dict | None]:
     from adaptive_spec.tokens import encode_prompt
     from adaptive_spec.tools.use import ToolUse
 
-    chat = isinstance(item.prompt, list) and bool(item.prompt) and isinstance(item.prompt[0], dict)  # not token ids
-    use = ToolUse.of(item.tools, item.tool_choice, None, item.prompt) if chat else None
+    prompt = item.prompt
+    if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], dict):  # text or token ids: no tools
+        return engine.encode_prompt(prompt), item.response_format
+    use = ToolUse.of(item.tools, item.tool_choice, None, prompt)
     if use is None:
-        return engine.encode_prompt(item.prompt), item.response_format
-    messages, tools = use.prompt(item.prompt, engine.tokenizer)
+        return engine.encode_prompt(prompt), item.response_format
+    messages, tools = use.prompt(prompt, engine.tokenizer)
     ids = encode_prompt(messages, engine.tokenizer, engine.vocab_size, engine.max_context, tools=tools)
     return ids, use.response_format(engine.json_whitespace) or item.response_format
 
