@@ -28,12 +28,10 @@ def prompt_file(path, letters: str, count: int = 14):
     return path
 
 
-def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_dir, tmp_path):
-    a, b = prompt_file(tmp_path / "alpha.jsonl", "abc"), prompt_file(tmp_path / "beta.jsonl", "xyz")
-    phases = parse_scenario(f"{a}:8,{b}:6,{a}:6,mix:5")
-    settings = ScenarioSettings(
-        phases=tuple(phases),
-        target=str(tiny_model_dir),
+def tiny_scenario(model_dir, phases: str, **fields) -> ScenarioSettings:
+    return ScenarioSettings(
+        phases=tuple(parse_scenario(phases)),
+        target=str(model_dir),
         draft="early-exit:1",
         k=2,  # a fixed k: the untrained tiny draft drafts every step, so every window has an acceptance
         dtype="fp32",
@@ -44,7 +42,13 @@ def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_d
         max_batch=2,
         trainer_args=("--min-new-records", "4", "--gate-min-positions", "16", "--round-steps", "3"),
         cli=(sys.executable, "-m", "cli"),
+        **fields,
     )
+
+
+def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_dir, tmp_path):
+    a, b = prompt_file(tmp_path / "alpha.jsonl", "abc"), prompt_file(tmp_path / "beta.jsonl", "xyz")
+    settings = tiny_scenario(tiny_model_dir, f"{a}:8,{b}:6,{a}:6,mix:5")
     lines = []
     result = run_scenario(settings, log=lines.append)
 
@@ -109,21 +113,7 @@ def test_a_scenario_from_a_start_version_serves_it_on_both_servers_the_static_on
         tiny_target(0), 1, tmp_path / "warm", seed=3, target_id=str(tiny_model_dir), draft_id="early-exit:1", version=7
     )
     a = prompt_file(tmp_path / "alpha.jsonl", "abc")
-    settings = ScenarioSettings(
-        phases=tuple(parse_scenario(f"{a}:6")),
-        target=str(tiny_model_dir),
-        draft="early-exit:1",
-        k=2,
-        dtype="fp32",
-        device="cpu",
-        max_new_tokens=8,
-        eval_prompts=2,
-        window_s=3.0,
-        max_batch=2,
-        trainer_args=("--min-new-records", "4", "--gate-min-positions", "16", "--round-steps", "3"),
-        start_adapter=warm,
-        start_version="7",
-    )
+    settings = tiny_scenario(tiny_model_dir, f"{a}:6", start_adapter=warm, start_version="7")
     result = run_scenario(settings, log=lambda line: None)
     assert result["identical"] is True
     assert result["start_version"] == "7" and result["static"] == "version 7, frozen"
