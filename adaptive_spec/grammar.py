@@ -73,11 +73,14 @@ class Grammars:
         self._lock = threading.Lock()
 
     def compile(self, response_format) -> Grammar | None:
-        """An OpenAI `response_format` -> a Grammar, or None when the output is free text."""
-        schema = schema_of(response_format)
-        if schema is None:
+        """An OpenAI `response_format`, or a Lark grammar (`{"type": "grammar", "syntax": "lark",
+        "definition": ...}`, what forced tool calls use: adaptive_spec/tools) -> a Grammar, or None when
+        the output is free text."""
+        lark = lark_of(response_format)
+        schema = None if lark is not None else schema_of(response_format)
+        if lark is None and schema is None:
             return None
-        key = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        key = "lark:" + lark if lark is not None else json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         if len(key.encode()) > MAX_SCHEMA_BYTES:
             raise GrammarError(f"response_format: the schema is over {MAX_SCHEMA_BYTES} bytes")
         with self._lock:
@@ -85,7 +88,12 @@ class Grammars:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            spec = self._llg.LLMatcher.grammar_from_json_schema(key, overrides={"whitespace_pattern": self.whitespace})
+            if lark is not None:
+                spec = lark  # its %json schemas carry their own whitespace (tools/forcing.py)
+            else:
+                spec = self._llg.LLMatcher.grammar_from_json_schema(
+                    key, overrides={"whitespace_pattern": self.whitespace}
+                )
         except ValueError as exc:
             raise GrammarError(f"response_format: {exc}") from None
         template = self._llg.LLMatcher(self.tokenizer, spec, log_level=0)
@@ -181,6 +189,16 @@ def schema_of(response_format) -> dict | None:
             raise GrammarError('response_format.json_schema must be an object with a "schema" object')
         return spec["schema"]
     raise GrammarError(f"response_format.type must be text, json_object or json_schema, not {kind!r}")
+
+
+def lark_of(response_format) -> str | None:
+    """The Lark grammar of `{"type": "grammar", "syntax": "lark", "definition": "start: ..."}` (the shape
+    of OpenAI's grammar-constrained custom tools); None for any other response_format."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "grammar":
+        return None
+    if response_format.get("syntax") != "lark" or not isinstance(response_format.get("definition"), str):
+        raise GrammarError('a grammar response_format needs "syntax": "lark" and a "definition" string')
+    return response_format["definition"]
 
 
 def _first_line(message: str) -> str:

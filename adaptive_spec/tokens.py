@@ -15,12 +15,15 @@ from adaptive_spec.request import InputError
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-def encode_prompt(prompt, tokenizer, vocab_size: int, max_context: int | None) -> list[int]:
-    """Token ids for a prompt given as ids, a string, or chat messages; InputError names what is wrong."""
+def encode_prompt(
+    prompt, tokenizer, vocab_size: int, max_context: int | None, tools: list[dict] | None = None
+) -> list[int]:
+    """Token ids for a prompt given as ids, a string, or chat messages; InputError names what is wrong.
+    `tools` (OpenAI's shape) go to the chat template with chat messages (adaptive_spec/tools/prompt.py)."""
     if isinstance(prompt, str):
         ids = _need_tokenizer(tokenizer, "a text prompt").encode(prompt)
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-        ids = _chat_ids(tokenizer, list(prompt))
+        ids = _chat_ids(tokenizer, list(prompt), tools)
     elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -42,14 +45,15 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, max_context: int | None) -
     return ids
 
 
-def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+def _chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     tokenizer = _need_tokenizer(tokenizer, "chat messages")
     for i, message in enumerate(messages):
         if message.get("role") not in CHAT_ROLES:
             raise InputError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.get('role')!r}")
         if not isinstance(message.get("content"), str):
             raise InputError(f"messages[{i}].content must be a string")
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    extra = {"tools": tools} if tools else {}
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     if hasattr(encoded, "keys"):  # transformers 5 returns a BatchEncoding
         encoded = encoded["input_ids"]
     return list(encoded)

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.engine import Engine
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.prompts import PromptItem, encode_item
 from adaptive_spec.stats import Totals
 
 
@@ -60,8 +60,8 @@ def run_bench(
 ) -> dict:
     """The figures of one run; `hf=False` times only the target alone and ours (no HF keys). With
     any prompt carrying a `response_format` the HF keys are null: transformers cannot apply it."""
-    prompts = [engine.encode_prompt(item.prompt) for item in items]
-    formats = [item.response_format for item in items]
+    encoded = [encode_item(item, engine) for item in items]  # tools and forced calls as the server does
+    prompts, formats = [ids for ids, _ in encoded], [response_format for _, response_format in encoded]
     constrained = sum(f is not None for f in formats)
     no_peer = _no_hf_peer(engine, constrained)
     wants_hf, hf = hf, hf and no_peer is None

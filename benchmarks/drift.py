@@ -49,7 +49,7 @@ from tqdm import tqdm
 from adaptive_spec.contracts import CORRECTION_STREAM, REDIS_URL_ENV
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.prompts import PromptItem, encode_item
 from adaptive_spec.stats import Totals
 from benchmarks.bench import depths, run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
@@ -161,9 +161,8 @@ def run_drift(
         for item in bar:
             if time.monotonic() > traffic_deadline:
                 break
-            out = engine.generate(
-                item.prompt, settings.max_new_tokens, k=settings.k, response_format=item.response_format
-            )
+            ids, response_format = encode_item(item, engine)  # tools and forced calls as the server does
+            out = engine.generate(ids, settings.max_new_tokens, k=settings.k, response_format=response_format)
             writer.log(  # as the server logs a finished request
                 out,
                 request_id=uuid.uuid4().hex,
@@ -197,7 +196,7 @@ def run_drift(
         k: run_bench(engine, held_out, settings.max_new_tokens, k, hf=False, progress=progress, desc=f"after, k={k}")
         for k in settings.after_k
     }
-    cost_prompts = [item.prompt for item in held_out[: settings.cost_prompts]]
+    cost_prompts = [encode_item(item, engine)[0] for item in held_out[: settings.cost_prompts]]
     cost = measure_draft_cost(engine, cost_prompts, settings.max_new_tokens, settings.k or COST_K)
     return {
         "domain": domain,

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from adaptive_spec.prompts import encode_item
 from adaptive_spec.record import CorrectionRecord, record_from_output
 from benchmarks.settings import RECIPES, AblationSettings
 from service.finite import finite
@@ -71,7 +72,8 @@ def generate_records(engine, prompts, max_new_tokens: int, domain: str) -> list[
     engine.record_topk = RECORD_TOPK
     records = []
     for item in tqdm(prompts, desc="records", unit="prompt", file=sys.stderr):
-        out = engine.generate(item.prompt, max_new_tokens, response_format=item.response_format)
+        ids, response_format = encode_item(item, engine)
+        out = engine.generate(ids, max_new_tokens, response_format=response_format)
         records.append(
             record_from_output(
                 out,

@@ -2,6 +2,7 @@
 
     adaptive-spec bench-drift --scenario python:600,sql:600,python:300,mix:600 --json drift.json --plot drift.png
     adaptive-spec bench-drift --scenario my-traffic.jsonl:300,chat:300 --concurrency 2
+    adaptive-spec bench-drift --scenario sql:600,python:300 --start-version 3   # warm: a distilled version
 
 A phase is `NAME:SECONDS`: a shipped prompt set, a JSONL prompt file (its stem names the phase), or
 `mix` (every set the scenario names). Each set's first `eval_prompts` prompts (after a seeded
@@ -11,6 +12,10 @@ Started here and stopped by pid: a new redis-server on loopback (records never r
 stream), MLflow on sqlite in a temporary directory, the **adaptive** server (logging records, its
 watcher polling every second) with `adaptive-spec train` beside it, and the **static** server (the
 base draft, no Redis, no registry). Every prompt goes to both, in alternating order, with dynamic k.
+With a start version (`start_adapter`: a version's directory, `adaptive-spec distill` makes one) the run
+starts warm: the version is registered as the champion of the run's own registry, so the adaptive
+server serves it from its first request and the trainer trains on from it, and the static server serves
+the same version frozen (what a team that only trains offline runs).
 The servers decode on all cores but one and the trainer on the last: with both on 2 cores beside
 the trainer, OpenMP's workers waited on a preempted sibling at every step (92 adaptive requests in
 20 minutes of the first full run).
@@ -25,6 +30,7 @@ benchmark, not a test: the figures depend on the machine and on what else runs o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import random
@@ -44,7 +50,7 @@ from adaptive_spec.prompts import PromptItem, load_prompts
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures
-from benchmarks.serve import ServeBenchSettings, child_env, served
+from benchmarks.serve import ServeBenchSettings, child_env, reply_text, served
 from launch.processes import Child
 from launch.redis import started_server
 from service.stats_queries import ratio
@@ -95,6 +101,8 @@ class ScenarioSettings(ModelOptions):
     max_batch: int = 8
     max_domains: int = 8  # the trainer's --max-domains; 0: one general adapter (the mix comparison)
     trainer_args: tuple[str, ...] = ("--min-new-records", "8")  # more `adaptive-spec train` flags
+    start_adapter: Path | None = None  # a version's directory: both servers start from it, the static one frozen
+    start_version: str | None = None  # its name, for the report (bench-drift --start-version)
     cli: tuple[str, ...] = (sys.executable, "-m", "cli")
 
 
@@ -117,6 +125,7 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         data = work / "adaptive"
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
         serve = ServeBenchSettings(**vars(settings.models), concurrency=(settings.concurrency,), cli=settings.cli)
+        start = None if settings.start_adapter is None else _register_start(settings.start_adapter, data)
         both = {  # the two servers' environment: all cores but the trainer's, one model name
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
             "ADAPTIVE_SPEC_SERVED_MODEL_NAME": SERVED_NAME,
@@ -131,7 +140,9 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
                     extra_env={**shared, **both, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "1"},
                 )
             ),
-            "static": stack.enter_context(served(serve, settings.max_batch, work / "static", log, extra_env=both)),
+            "static": stack.enter_context(
+                served(_frozen(serve, settings.start_adapter), settings.max_batch, work / "static", log, extra_env=both)
+            ),
         }
         stack.enter_context(_trainer(settings, data, shared, log))
         alone: dict[str, list[Reply]] = {"adaptive": [], "static": []}  # the target alone on each server
@@ -171,7 +182,7 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
                 f"static {_fmt(phases[-1]['heldout_static_acceptance'])}"
             )
         events = _events(urls["adaptive"], wall_start)
-    result = summarize(settings, phases, replies, events)
+    result = summarize(settings, phases, replies, events, start=start)
     # Two server processes differ in speed on their own (each calibrates its CPU kernels at start);
     # their ratio with the target alone on the same prompts says how much of `speedup` is that.
     process_ratio = ratio(tok_s(alone["adaptive"]), tok_s(alone["static"]))
@@ -213,6 +224,25 @@ def _heldout_of(phase: Phase, sets: dict[str, PromptSet]) -> list[tuple[PromptIt
 # ---------------------------------------------------------------------------------------- processes
 
 
+def _register_start(adapter_dir: Path, data_dir: Path) -> str:
+    """The start version registered and promoted in the adaptive run's registry (before its server and
+    trainer start: the server's watcher serves the champion from the first request, the trainer adopts
+    it as the champion it trains from); returns its version there."""
+    from registry.client import AdapterRegistry
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    registry = AdapterRegistry(sqlite_tracking_uri(data_dir), data_dir=data_dir)
+    try:
+        return registry.register(adapter_dir, by="bench-drift")
+    finally:
+        registry.close()
+
+
+def _frozen(serve: ServeBenchSettings, adapter_dir: Path | None) -> ServeBenchSettings:
+    """The static server's settings: the base draft, or the start version served as it is (no registry)."""
+    return serve if adapter_dir is None else dataclasses.replace(serve, adapter=str(adapter_dir))
+
+
 @contextmanager
 def _trainer(settings: ScenarioSettings, data_dir: Path, env_extra: dict[str, str], log: Callable[[str], None]):
     """`adaptive-spec train` on the adaptive server's Redis and MLflow, until the scenario ends."""
@@ -238,8 +268,7 @@ def _body(item: PromptItem, max_tokens: int, speculative: bool, log_record: bool
         "temperature": 0,
         "adaptive_spec": {"speculative": speculative, "log": log_record},
     }
-    if item.response_format is not None:
-        body["response_format"] = item.response_format
+    body |= item.request_fields()  # response_format, tools, tool_choice
     if item.domain:
         body["adaptive_spec"]["domain"] = item.domain
     if isinstance(item.prompt, str):
@@ -278,7 +307,7 @@ def _reply(server: str, phase: int, prompt: int, end_s: float, body: dict, laten
         spec.get("num_draft_tokens", 0),
         spec.get("num_accepted_tokens", 0),
         spec.get("adapter_version"),
-        choice["message"]["content"] if "message" in choice else choice["text"],
+        reply_text(choice["message"]) if "message" in choice else choice["text"],
     )
 
 

@@ -37,8 +37,10 @@ def summarize(
     phases: list[dict],
     replies: list[Reply],
     events: list[dict],
+    start: str | None = None,
 ) -> dict:
-    """The JSON of a run from its phases (times, held-out figures), live replies and swap markers."""
+    """The JSON of a run from its phases (times, held-out figures), live replies and swap markers;
+    `start`: the version the adaptive server started from (None: the base draft)."""
     window = settings.window_s
     end = max([p["end_s"] for p in phases] + [0.0])
     windows = []
@@ -66,7 +68,7 @@ def summarize(
     live_identical = all(
         pairs.get((p, i, "static"), text) == text for (p, i, server), text in pairs.items() if server == "adaptive"
     )
-    swaps = [e for e in events if e.get("kind") == "swap"]
+    swaps = [e for e in events if e.get("kind") == "swap" and e["t_s"] >= 0]  # not a start version's load
     overall = {
         "adaptive_acceptance": acceptance([r for r in replies if r.server == "adaptive"]),
         "static_acceptance": acceptance([r for r in replies if r.server == "static"]),
@@ -77,7 +79,14 @@ def summarize(
         "requests": len(replies) // 2,
     }
     overall["speedup"] = ratio(overall["adaptive_tok_s"], overall["static_tok_s"])
-    first_served = next((r for r in sorted(replies, key=lambda r: r.end_s) if r.adapter_version is not None), None)
+    first_served = next(
+        (
+            r
+            for r in sorted(replies, key=lambda r: r.end_s)
+            if r.server == "adaptive" and r.adapter_version not in (None, start)
+        ),
+        None,
+    )
     return {
         "phases": phases,
         "overall": overall,
@@ -87,6 +96,13 @@ def summarize(
             sum(r.server == "adaptive" and r.end_s < first_served.end_s for r in replies) if first_served else None
         ),
         "identical": live_identical and all(p["heldout_identical"] for p in phases),
+        # what the static server serves: the base draft, or the start version frozen (--start-version)
+        "start_version": settings.start_version,
+        "static": "base draft" if settings.start_adapter is None else f"version {settings.start_version}, frozen",
+        "first_adapter_versions": {  # what each server's first live reply drafted with
+            server: next((r.adapter_version for r in replies if r.server == server), None)
+            for server in ("adaptive", "static")
+        },
         "events": events,
         "windows": windows,
         "window_s": window,

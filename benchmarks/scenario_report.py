@@ -14,7 +14,8 @@ def format_report(result: dict) -> str:
     overall = result["overall"]
     lines = [
         f"bench-drift --scenario {result['scenario']}: {result['target']} with draft {result['draft']}, "
-        f"{result['concurrency']} user(s), {result['max_new_tokens']} new tokens, greedy, dynamic k",
+        f"{result['concurrency']} user(s), {result['max_new_tokens']} new tokens, greedy, dynamic k; "
+        f"static: {result['static']}",
         f"{'phase':<18} {'start':>7} {'end':>7}  {'plateau':>7} {'static':>7}  {'held-out':>8} {'static':>7}  "
         f"{'recover':>8}  {'return':>6}",
     ]

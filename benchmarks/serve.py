@@ -270,9 +270,20 @@ def _body(item: PromptItem, model: str, max_tokens: int, speculative: bool, stre
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
+    body |= item.request_fields()  # response_format, tools, tool_choice
     if isinstance(item.prompt, str):
         return "/v1/completions", {**body, "prompt": item.prompt}
     return "/v1/chat/completions", {**body, "messages": item.prompt}
+
+
+def reply_text(message: dict) -> str:
+    """What a chat message (or a streamed delta) says, for comparing outputs: its content, then each
+    tool call's name and arguments. A stream's deltas add up to the whole message's text."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        text += (function.get("name") or "") + (function.get("arguments") or "")
+    return text
 
 
 async def model_name(client: httpx.AsyncClient, url: str) -> str:
@@ -287,7 +298,7 @@ async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list
         for item in items:
             path, body = _body(item, model, max_tokens, speculative=False, stream=False)
             choice = (await client.post(url + path, json=body)).raise_for_status().json()["choices"][0]
-            texts.append(choice["message"]["content"] if "message" in choice else choice["text"])
+            texts.append(reply_text(choice["message"]) if "message" in choice else choice["text"])
         return texts
 
 
@@ -367,7 +378,7 @@ async def _one(
                     reply.status, reply.error = 500, str(event["error"])[:300]
                     continue
                 for choice in event.get("choices", []):
-                    delta = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
+                    delta = reply_text(choice.get("delta", {})) if "delta" in choice else choice.get("text")
                     if delta:
                         if reply.ttft_s is None:
                             reply.ttft_s = time.monotonic() - reply.sent

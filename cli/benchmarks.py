@@ -85,6 +85,13 @@ def add_commands(commands) -> None:
         "--budget-minutes, --prompts, --domain and --after-k do not apply",
     )
     drift.add_argument(
+        "--start-version",
+        metavar="VERSION|DIR",
+        help="--scenario: start warm from this registry version (MLFLOW_TRACKING_URI, else the data directory's "
+        "mlflow.db; `adaptive-spec distill` registers one) or adapter directory: the adaptive server serves it from "
+        "the first request and the trainer trains on from it, and the static server serves the same version frozen",
+    )
+    drift.add_argument(
         "--concurrency", type=positive_int, default=1, help="users sending traffic (--scenario; default: %(default)s)"
     )
     drift.add_argument(
@@ -213,6 +220,8 @@ def cmd_bench_drift(args) -> int:
         return _bench_scenario(args)
     if args.plot and not args.compare_drafts:
         raise_input("--plot draws a --scenario run or a --compare-drafts run")
+    if args.start_version:
+        raise_input("--start-version applies to --scenario")
     if args.window_s <= 0:
         raise_input("--window-s must be positive")
     if args.budget_minutes <= 0:
@@ -305,6 +314,8 @@ def _bench_scenario(args) -> int:
         eval_prompts=args.eval_prompts or 8,
         window_s=args.window_s,
         max_domains=args.max_domains,
+        start_adapter=resolve_adapter(args.start_version, "--start-version"),
+        start_version=args.start_version,
     )
     figures = run_scenario(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_report(figures))

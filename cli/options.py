@@ -148,7 +148,7 @@ def adapter_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_adapter(adapter: str | None) -> Path | None:
+def resolve_adapter(adapter: str | None, option: str = "--adapter") -> Path | None:
     """An adapter directory for --adapter: the directory itself, or a registry version downloaded
     into the data directory's adapter cache (MLflow is imported only then)."""
     if adapter is None:
@@ -157,7 +157,7 @@ def resolve_adapter(adapter: str | None) -> Path | None:
     if path.is_dir():
         return path
     if not adapter.isdigit():
-        raise CommandError(f"--adapter {adapter!r} is neither a directory nor a registry version number")
+        raise CommandError(f"{option} {adapter!r} is neither a directory nor a registry version number")
     from adaptive_spec.contracts import ADAPTER_CACHE_DIR
     from adaptive_spec.models import data_dir
     from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
@@ -166,7 +166,7 @@ def resolve_adapter(adapter: str | None) -> Path | None:
         registry = AdapterRegistry(data_dir=data_dir())
         return registry.download(adapter, data_dir() / ADAPTER_CACHE_DIR / f"cli-{adapter}")
     except (RegistryError, RegistryUnavailable) as exc:
-        raise CommandError(f"--adapter {adapter}: {exc}") from None
+        raise CommandError(f"{option} {adapter}: {exc}") from None
 
 
 def model_options_of(args: argparse.Namespace) -> ModelOptions:

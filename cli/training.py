@@ -1,6 +1,9 @@
-"""`adaptive-spec train`: the online trainer alone, as a long-lived process (trainer/process/main.py).
+"""`adaptive-spec train`: the online trainer alone, as a long-lived process (trainer/process/main.py);
+`adaptive-spec distill`: the same trainer offline, on a prompt file or exported records
+(trainer/process/distill.py), so a deployment starts warm.
 
     REDIS_URL=redis://127.0.0.1:6379/0 adaptive-spec train --data-dir ./.adaptive-spec --threads 1
+    adaptive-spec distill --prompts python --minutes 10        # then `adaptive-spec up` serves the version
 
 Every flag is a field of the trainer's settings (trainer/settings.py), which also reads it from the
 environment (ADAPTIVE_SPEC_<FIELD>); a flag that is given wins, and each default is the settings'.
@@ -8,12 +11,25 @@ environment (ADAPTIVE_SPEC_<FIELD>); a flag that is given wins, and each default
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
 
-from cli.options import DTYPES, confidence, non_negative_int, positive_int, use_data_dir
+from cli.options import (
+    DTYPES,
+    CommandError,
+    confidence,
+    model_options,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    prompt_file,
+    redis_url,
+    use_data_dir,
+    write_json,
+)
 from trainer.settings import TrainerSettings
 
 DEFAULTS = TrainerSettings()
@@ -97,6 +113,53 @@ def add_commands(commands) -> None:
     train.add_argument("--budget-minutes", type=float, default=None, help="stop after this long (default: never)")
     train.set_defaults(func=cmd_train)
 
+    distill = commands.add_parser(
+        "distill",
+        help="train the draft offline from a prompt file or exported correction records, gate it on a held-out "
+        "split and register it as a normal version, so a deployment starts warm",
+        description="The target generates each prompt (greedy), the draft learns as the online trainer teaches it, "
+        "every candidate the gate accepts on held-out records is registered and promoted in MLflow "
+        "(MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db): `up` and `serve` start from it and `train` continues "
+        "from it. Uses REDIS_URL, else a loopback redis-server it starts and stops (a private stream either way). "
+        "Ends with a line naming the version and its held-out figures; exit status 1 when no version was registered.",
+    )
+    source = distill.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--prompts",
+        type=prompt_file,
+        help="a JSONL prompt file, as the benchmarks take it, or a shipped set's name (python, sql, tool_calls, ...)",
+    )
+    source.add_argument(
+        "--records",
+        type=Path,
+        help="an export of correction records (length-prefixed encoded records: a trainer checkpoint's buffer.bin "
+        "or holdout.bin, or what --save-records wrote), replayed instead of generating; records of another "
+        "--target or --draft are rejected and counted, as the online trainer does",
+    )
+    distill.add_argument("--minutes", type=positive_float, default=10.0, help="bound on the whole run (default: 10)")
+    distill.add_argument(
+        "--eval-prompts",
+        type=non_negative_int,
+        default=12,
+        help="prompts held out of training and measured at the end with the last version (default: 12; "
+        "written to DATA_DIR/distill-heldout.jsonl for `bench --prompts`)",
+    )
+    distill.add_argument("--save-records", type=Path, default=None, help="write the generated records to this file")
+    distill.add_argument("--data-dir", type=Path, default=None, help=f"default: {DEFAULTS.data_dir}")
+    distill.add_argument(
+        "--gate-min-positions",
+        type=positive_int,
+        default=None,
+        help=f"held-out positions before the gate decides (default: {DEFAULTS.gate_min_positions})",
+    )
+    distill.add_argument(
+        "--min-new-records", type=positive_int, default=None, help=f"default: {DEFAULTS.min_new_records}"
+    )
+    distill.add_argument("--round-steps", type=positive_int, default=None, help=f"default: {DEFAULTS.round_steps}")
+    distill.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the figures to FILE")
+    model_options(distill)
+    distill.set_defaults(func=cmd_distill)
+
 
 def cmd_train(args) -> int:
     from trainer.process.main import run_trainer
@@ -124,3 +187,55 @@ def cmd_train(args) -> int:
     counters = run_trainer(settings)
     print(json.dumps(counters), file=sys.stderr)
     return 0
+
+
+def cmd_distill(args) -> int:
+    from adaptive_spec.drafters.spec import parse_draft_spec
+    from adaptive_spec.engine import Engine
+    from adaptive_spec.prompts import load_prompts
+    from registry.client import AdapterRegistry
+    from trainer.process.distill import DistillSettings, distill, format_line, load_record_file
+
+    logging.getLogger("trainer").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    use_data_dir(args.data_dir)
+    if not parse_draft_spec(args.draft).trainable:
+        raise CommandError(f"the {args.draft} draft has no weights to train; use head, early-exit:N or a draft model")
+    items = load_prompts(args.prompts) if args.prompts else None
+    records = load_record_file(args.records) if args.records else None
+    settings = DistillSettings(
+        minutes=args.minutes,
+        max_new_tokens=args.max_new_tokens,
+        eval_prompts=args.eval_prompts if items else 0,
+    )
+    train = TrainerSettings.from_env(
+        target=args.target,
+        draft=args.draft,
+        data_dir=args.data_dir,
+        device=args.device,
+        dtype=args.dtype,
+        gate_min_positions=args.gate_min_positions,
+        min_new_records=args.min_new_records,
+        round_steps=args.round_steps,
+    )
+    print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
+    engine = Engine.from_pretrained(
+        target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, k=args.k
+    )
+    with redis_url(Path(train.data_dir)) as url:
+        train = dataclasses.replace(train, redis_url=url)
+        registry = AdapterRegistry(train.tracking_uri, data_dir=train.data_dir, redis_url=url)
+        try:
+            figures = distill(
+                engine,
+                train,
+                settings,
+                prompts=items,
+                records=records,
+                save_records=args.save_records,
+                registry=registry,
+            )
+        finally:
+            registry.close()
+    print(format_line(figures))
+    write_json(args.json, figures)
+    return 0 if figures["version"] else 1

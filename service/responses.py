@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptive_spec.engine import GenerationOutput
 from adaptive_spec.stats import Totals
+from adaptive_spec.tools import ToolCall, ToolCallStream
 
 CHAT, COMPLETION = "chat", "completion"
 MIN_LOGPROB = -9999.0  # what OpenAI shows for a token the model rules out (JSON has no -inf)
@@ -134,10 +136,16 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_OF_CHAR = _byte_level_alphabet()
 
 
+def tool_calls_finish(finish_reason: str | None, calls: list[ToolCall]) -> str | None:
+    """OpenAI's finish_reason for an output that called tools: `tool_calls`, unless it was cut."""
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+
+
 @dataclass
 class Formatter:
     """Builds the bodies of one request: `kind` is CHAT or COMPLETION; `tokens` names tokens in
-    log-probabilities (`token_text(engine.tokenizer)`)."""
+    log-probabilities (`token_text(engine.tokenizer)`); `tool_reader` gives a reader of tool calls
+    per choice when the request offers tools (service/tool_calls.py)."""
 
     kind: str
     request_id: str
@@ -145,6 +153,10 @@ class Formatter:
     model: str
     fingerprint: str
     tokens: TokenText | None = None
+    tool_reader: Callable[[], ToolCallStream | None] | None = None
+
+    def tool_calls_reader(self) -> ToolCallStream | None:
+        return None if self.tool_reader is None else self.tool_reader()
 
     @property
     def id(self) -> str:
@@ -166,12 +178,20 @@ class Formatter:
         for index, output in enumerate(outputs):
             text = output.text or ""
             logprobs = self.logprobs(Logprobs.of(output)) if output.logprobs is not None else None
+            finish_reason = output.finish_reason
             if self.kind == CHAT:
-                message = {"role": "assistant", "content": text}
+                message: dict = {"role": "assistant", "content": text}
+                reader = self.tool_calls_reader()
+                if reader is not None:
+                    reader.finish(text)
+                    if reader.calls:
+                        message = {"role": "assistant", "content": reader.content}
+                        message["tool_calls"] = [call.openai() for call in reader.calls]
+                        finish_reason = tool_calls_finish(finish_reason, reader.calls)
                 choices.append({"index": index, "message": message, "logprobs": logprobs})
             else:
                 choices.append({"index": index, "text": text, "logprobs": logprobs})
-            choices[-1]["finish_reason"] = output.finish_reason
+            choices[-1]["finish_reason"] = finish_reason
             if self.kind == COMPLETION:
                 choices[-1]["token_ids"] = list(output.token_ids)
         return {**self._envelope(False), "choices": choices, "usage": usage(prompt_tokens, outputs)}
@@ -186,10 +206,14 @@ class Formatter:
         first: bool = False,
         logprobs: Logprobs | None = None,
         with_usage_field: bool = False,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
+        """`tool_calls`: OpenAI's streamed entries (index; id, type and name first; arguments in pieces)."""
         shown = None if logprobs is None else self.logprobs(logprobs)
         if self.kind == CHAT:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            delta: dict = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": finish_reason}
         else:
             choice = {

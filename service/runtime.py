@@ -73,6 +73,7 @@ class Service:
                     tree_budget=settings.tree_budget,
                     record_topk=settings.record_topk,
                     max_adapters=settings.max_adapters,
+                    json_whitespace=settings.json_whitespace,
                 ).result()
             report = thread.submit(lambda: engine.exactness).result()  # /health and the dashboard say it
             level = logging.INFO if report.exact else logging.WARNING

@@ -14,7 +14,10 @@ name `max_completion_tokens`, `temperature` in [0, 2] (default 1, as OpenAI; 0 i
 - log-probabilities, the target's own: chat takes `logprobs: true` and `top_logprobs` in [0, 20];
   completions take the legacy `logprobs` in [0, 5] (the number of alternatives per token).
 
-Fields OpenAI defines that this server cannot honour (`tools`, `echo`, `best_of`, ...) are
+- tool calling on chat: `tools`, `tool_choice`, `parallel_tool_calls`, and `tool_calls` and `tool`
+  messages in the history (ChatRequest; service/tool_calls.py).
+
+Fields OpenAI defines that this server cannot honour (`functions`, `echo`, `best_of`, ...) are
 refused with a 400 rather than ignored; unknown fields are ignored.
 
 Extensions:
@@ -52,6 +55,8 @@ MAX_STOPS = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_LOGIT_BIAS = 300  # entries of logit_bias; each is a row of the bias vector
 TOKEN_ID = "^[0-9]{1,9}$"  # a logit_bias key
+FUNCTION_NAME = "^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for a tool's function name
+MAX_TOOLS = 128  # OpenAI's limit on `tools`
 
 # OpenAI fields this server does not implement, and the values that mean "not used".
 _UNSUPPORTED = {
@@ -206,26 +211,123 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(BaseModel):
+    """A call in an assistant message of the history."""
+
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = Field(None, min_length=1, max_length=128)  # a tool turn: the call it answers
 
-    def as_engine(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return {"role": self.role, "content": text}
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role} ones")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, except in an assistant message with tool_calls")
+        return self
+
+    def as_engine(self) -> dict[str, Any]:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(part.text for part in self.content)
+        message: dict[str, Any] = {"role": self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            message["name"] = self.name
+        return message
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: StrictBool | None = None  # accepted; a forced call always matches its schema
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, parameters):
+        if parameters is not None and parameters.get("type", "object") != "object":
+            raise ValueError("a function's parameters must be a JSON schema of an object")
+        return parameters
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatRequest(_GenerationRequest):
+    """Chat adds `logprobs`/`top_logprobs` and tool calling: `tools` (functions only, up to 128),
+    `tool_choice` (`none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`;
+    `auto` when tools are given, as OpenAI), `parallel_tool_calls` (default true), and assistant
+    `tool_calls` and `tool` messages in the history (service/tool_calls.py)."""
+
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     @model_validator(mode="after")
     def _logprobs_asked(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tools(self):
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions have the same name")
+        if self.tool_choice is not None and self.tool_choice != "none" and not names:
+            raise ValueError("tool_choice is only allowed when tools are specified")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names the function {self.tool_choice.function.name!r}, which is not in tools"
+            )
+        if self.forces_a_call and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("a forced tool call (tool_choice required or a function) cannot take a response_format")
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            called.update(call.id for call in message.tool_calls or [])
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise ValueError(
+                    f"messages[{i}] answers tool_call_id {message.tool_call_id!r}, which no earlier assistant message called"
+                )
+        return self
+
+    @property
+    def forces_a_call(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     @property
     def engine_logprobs(self) -> int | None:

@@ -30,6 +30,8 @@
 | drift_window_s | ADAPTIVE_SPEC_DRIFT_WINDOW_S | 600 s of traffic the drift alert looks at |
 | drift_fraction | ADAPTIVE_SPEC_DRIFT_FRACTION | 0.7: alert below this fraction of the served adapter's gated figure |
 | drift_min_drafts | ADAPTIVE_SPEC_DRIFT_MIN_DRAFTS | 200 drafting steps in the window before the alert may fire |
+| json_whitespace | ADAPTIVE_SPEC_JSON_WHITESPACE | `compact`: structured outputs and forced tool calls write at most one space between JSON tokens; `pretty` allows up to 8 spaces or newlines (adaptive_spec/grammar.py WHITESPACE) |
+| tool_call_parser | ADAPTIVE_SPEC_TOOL_CALL_PARSER | `hermes`: how tool calls are read from the model's output and forced (adaptive_spec/tools, TOOL_PARSERS) |
 
 Secrets (the API key, the admin token, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
 so logging the settings is safe. The API key and the admin token lose surrounding whitespace when read: one
@@ -43,7 +45,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url
+from adaptive_spec.grammar import WHITESPACE
 from adaptive_spec.options import EnvSettings, ModelOptions
+from adaptive_spec.tools import TOOL_PARSERS
 
 _SECRETS = ("api_key", "admin_token")
 
@@ -83,6 +87,8 @@ class Settings(ModelOptions, EnvSettings):
     drift_window_s: float = 600.0
     drift_fraction: float = 0.7
     drift_min_drafts: int = 200
+    json_whitespace: str = "compact"
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         for name in _SECRETS:  # read from a file or a k8s Secret, a token often ends in a newline no client sends
@@ -116,6 +122,12 @@ class Settings(ModelOptions, EnvSettings):
             raise ValueError("stats_retention_s must be >= 600, drift_window_s >= 10, drift_min_drafts >= 0")
         if not 0 < self.drift_fraction <= 1:
             raise ValueError(f"drift_fraction must be in (0, 1], got {self.drift_fraction}")
+        if self.json_whitespace not in WHITESPACE:
+            raise ValueError(f"json_whitespace must be one of {', '.join(WHITESPACE)}, got {self.json_whitespace!r}")
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}"
+            )
 
     def __repr__(self) -> str:
         shown = []

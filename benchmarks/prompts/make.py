@@ -16,6 +16,11 @@ which writes these JSON Lines files, one
 * ``json_schema.jsonl`` -- the prompts of ``json_extraction.jsonl``, in the same order, each with
   a ``response_format`` whose JSON schema requires exactly the keys the prompt asks for (domain
   ``json_extraction``): structured outputs for ``adaptive-spec bench``.
+* ``tool_calls.jsonl`` -- 400 agent requests (domain ``tool_calls``): each offers 2-4 of 8 tools
+  (weather, flights, calendar, email, currency, products, reminders, orders) in OpenAI's ``tools``
+  with a ``tool_choice``; 60% ask for one call (``required``, a quarter of them naming the
+  function), 25% carry a finished call and its result and ask for a second call, 15% carry a call
+  and its result and let the model answer (``auto``).
 
 The words are data, in ``templates/``: ``pools.json`` (names, cities, products, ...), one file per
 domain with its frames, templates and slots, and ``chat.json``. A slot in a domain file is a list
@@ -55,6 +60,7 @@ JSON_EXTRACTION = _load("json_extraction")
 SQL = _load("sql")
 PYTHON = _load("python")
 CASUAL = _load("casual_chat")
+TOOLS = _load("tool_calls")
 
 
 class Rng:
@@ -313,6 +319,9 @@ COMPUTED: dict[str, Callable[[Rng], str]] = {
     "sensor": lambda r: f"S-{r.randint(1, 60):02d}",
     "pet_age": lambda r: (lambda n: ("an " if n in (8, 11) else "a ") + str(n))(r.randint(1, 12)),
     "wake_time": lambda r: r.choice(["5:30", "6:00", "6:30", "7:00"]) + " am",
+    "hhmm": lambda r: f"{r.randint(8, 19):02d}:{r.choice(['00', '15', '30', '45'])}",
+    "email": lambda r: _email(*_person(r), r),
+    "order_id": lambda r: f"{r.choice(['A', 'B', 'K', 'T', 'X'])}{r.randint(10000, 99999)}",
 }
 
 
@@ -331,6 +340,11 @@ def _slot(name: str, rng: Rng, slots: dict) -> str:
 
 def _fill(template: str, rng: Rng, slots: dict) -> str:
     """Fill every ``{slot}`` of ``template``; slots sharing a pool (``city``/``city2``) differ."""
+    return _filled(template, rng, slots)[0]
+
+
+def _filled(template: str, rng: Rng, slots: dict) -> tuple[str, dict[str, str]]:
+    """``template`` filled, and the value of each slot."""
     values: dict[str, str] = {}
     for _, name, _, _ in string.Formatter().parse(template):
         if name is None or name in values:
@@ -343,7 +357,7 @@ def _fill(template: str, rng: Rng, slots: dict) -> str:
                 break
             value = _slot(name, rng, slots)
         values[name] = value
-    return template.format(**values)
+    return template.format(**values), values
 
 
 # --------------------------------------------------------------------------- sql, python, casual_chat
@@ -376,6 +390,88 @@ def _casual_prompt(index: int, rng: Rng) -> str:
     if continues and not body.startswith(("I ", "I'")):
         body = body[0].lower() + body[1:]
     return opener + body + rng.choice(CASUAL["closers"])
+
+
+# --------------------------------------------------------------------------- tool_calls
+
+
+def _tool(name: str) -> dict:
+    spec = TOOLS["tools"][name]
+    return {
+        "type": "function",
+        "function": {"name": name, "description": spec["description"], "parameters": spec["parameters"]},
+    }
+
+
+def _request(name: str, rng: Rng) -> tuple[str, dict]:
+    """A user's request for tool `name`, and the arguments a correct call of it takes."""
+    text, values = _filled(rng.choice(TOOLS["requests"][name]), rng, TOOLS["slots"])
+    properties = TOOLS["tools"][name]["parameters"]["properties"]
+    arguments: dict = {}
+    for argument, slot in TOOLS["arguments"][name].items():
+        if isinstance(slot, list):
+            if any(s in values for s in slot):
+                arguments[argument] = [values[s] for s in slot if s in values]
+        elif slot in values:
+            kind = properties[argument].get("type")
+            arguments[argument] = int(values[slot]) if kind in ("integer", "number") else values[slot]
+    return text, arguments
+
+
+def _result(name: str, arguments: dict, rng: Rng) -> str:
+    """What the tool answered, as JSON text."""
+    fill = {**arguments, "n": rng.randint(10, 99), "small": rng.randint(1, 9)}
+    fill |= {
+        "sky": rng.choice(TOOLS["skies"]),
+        "status": rng.choice(TOOLS["statuses"]),
+        "product": arguments.get("query", ""),
+    }
+    return TOOLS["results"][name].format(**fill)
+
+
+def _offered(names: list[str], rng: Rng) -> list[dict]:
+    """The tools a line offers: `names` and 0-2 others, in a random order."""
+    others = [n for n in TOOLS["tools"] if n not in names]
+    chosen = names + rng.sample(others, rng.randint(0, 2))
+    return [_tool(n) for n in rng.sample(chosen, len(chosen))]
+
+
+def _tool_line(index: int, rng: Rng) -> dict:
+    names = list(TOOLS["tools"])
+    first = names[index % len(names)]
+    text, arguments = _request(first, rng)
+    kind = rng.below(20)
+    if kind < 12:  # one call, required (a quarter of them naming the function)
+        named = rng.chance(0.25)
+        choice = {"type": "function", "function": {"name": first}} if named else "required"
+        return {"messages": [{"role": "user", "content": text}], "tools": _offered([first], rng), "tool_choice": choice}
+    call_id = f"call_{index:04d}"
+    call = {"id": call_id, "type": "function", "function": {"name": first, "arguments": json.dumps(arguments)}}
+    history = [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": _result(first, arguments, rng)},
+    ]
+    if kind < 17:  # a second request after the first call's result
+        second = rng.choice([n for n in names if n != first])
+        follow_up, _ = _request(second, rng)
+        messages = [*history, {"role": "user", "content": follow_up}]
+        return {"messages": messages, "tools": _offered([first, second], rng), "tool_choice": "required"}
+    messages = [*history, {"role": "user", "content": rng.choice(TOOLS["follow_ups"])}]
+    return {"messages": messages, "tools": _offered([first], rng), "tool_choice": "auto"}
+
+
+def build_tool_lines(seed: int, count: int = DOMAIN_SIZE) -> list[dict]:
+    """``count`` distinct tool-calling lines; the first tool rotates so any prefix is balanced."""
+    rng, lines, seen, index = Rng(seed), [], set(), 0
+    while len(lines) < count:
+        line = _tool_line(index, rng)
+        key = json.dumps(line["messages"])
+        if key not in seen:
+            seen.add(key)
+            lines.append({**line, "domain": "tool_calls"})
+            index += 1
+    return lines
 
 
 # --------------------------------------------------------------------------- writing
@@ -441,6 +537,12 @@ def main(out_dir: str | Path | None = None) -> dict[str, int]:
     rows = build_json_schema_rows(SEED + DOMAIN_BUILDERS["json_extraction"][2])
     _write(out / "json_schema.jsonl", [text for text, _ in rows], "json_extraction", [f for _, f in rows])
     counts["json_schema.jsonl"] = len(rows)
+
+    lines = build_tool_lines(SEED + 5)
+    (out / "tool_calls.jsonl").write_bytes(
+        "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+    )
+    counts["tool_calls.jsonl"] = len(lines)
     return counts
 
 

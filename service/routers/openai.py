@@ -26,11 +26,15 @@ from starlette.concurrency import run_in_threadpool
 
 from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
 from adaptive_spec.textstream import IncrementalText
+from adaptive_spec.tokens import encode_prompt
+from adaptive_spec.tools import ToolCallStream
+from adaptive_spec.tools.use import ToolUse
 from service.deps import ApiKey, ServiceDep
 from service.errors import APIError, bad_request
-from service.responses import CHAT, COMPLETION, Formatter, Logprobs, sse, token_text
+from service.responses import CHAT, COMPLETION, Formatter, Logprobs, sse, token_text, tool_calls_finish
 from service.runtime import Service
 from service.schemas import ChatRequest, CompletionRequest
+from service.tool_calls import tool_use
 from service.worker import Ended, Job, Rejected
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ApiKey])
@@ -72,7 +76,12 @@ async def list_models(service: ServiceDep) -> dict:
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatRequest, request: Request, service: ServiceDep):
-    return await _generate(service, request, body, [message.as_engine() for message in body.messages], CHAT)
+    messages = [message.as_engine() for message in body.messages]
+    calling = tool_use(body, service.settings.tool_call_parser)  # None: no tools, no tool turns
+    if calling is None:
+        return await _generate(service, request, body, messages, CHAT)
+    messages, tools = calling.prompt(messages, service.engine.tokenizer)
+    return await _generate(service, request, body, messages, CHAT, calling, tools)
 
 
 @router.post("/completions")
@@ -80,7 +89,15 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     return await _generate(service, request, body, body.prompt, COMPLETION)
 
 
-async def _generate(service: Service, request: Request, body, prompt, kind: str):
+async def _generate(
+    service: Service,
+    request: Request,
+    body,
+    prompt,
+    kind: str,
+    calling: ToolUse | None = None,
+    tools: list[dict] | None = None,
+):
     settings, engine = service.settings, service.engine
     if body.model != service.model_name:
         raise APIError(
@@ -103,7 +120,12 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
     if body.stop and engine.tokenizer is None:
         raise bad_request("stop strings need a tokenizer, and this model has none", param="stop")
     params = body.engine_params(max_tokens)
-    prompt_ids = await run_in_threadpool(_checked, engine, prompt, params, "messages" if kind == CHAT else "prompt")
+    forced = calling is not None and calling.forced
+    if forced:
+        params["response_format"] = calling.response_format(engine.json_whitespace)
+    prompt_ids = await run_in_threadpool(
+        _checked, engine, prompt, params, "messages" if kind == CHAT else "prompt", tools, forced
+    )
 
     options = body.adaptive_spec
     job = service.new_job(prompt_ids, params, log_record=options.log, domain=options.domain, n=body.num_choices)
@@ -129,12 +151,14 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
         service.model_name,
         f"adaptive-spec:{engine.draft_id}:{engine.adapter_version or 'base'}",
         token_text(engine.tokenizer),
+        tool_reader=None if calling is None else calling.reader,
     )
     headers = {"x-request-id": job.meta["request_id"]}
     chunk = await _next(job, request)
     if body.stream:
         choices = [
-            _Choice(index, fmt, IncrementalText(engine, body.stop), params["logprobs"]) for index in range(job.n)
+            _Choice(index, fmt, IncrementalText(engine, body.stop), params["logprobs"], fmt.tool_calls_reader())
+            for index in range(job.n)
         ]
         events = _stream(job, chunk, fmt, choices, body.include_usage, len(prompt_ids))
         return StreamingResponse(
@@ -151,18 +175,26 @@ async def _generate(service: Service, request: Request, body, prompt, kind: str)
     return JSONResponse(fmt.completion(ordered, len(prompt_ids)), headers=headers)
 
 
-def _checked(engine: Engine, prompt, params: dict, prompt_param: str) -> list[int]:
+def _checked(
+    engine: Engine, prompt, params: dict, prompt_param: str, tools: list[dict] | None = None, forced: bool = False
+) -> list[int]:
     """The prompt's token ids, once the engine has accepted the request: a bad value, or a
-    response_format the grammar library cannot compile, is a 400 before anything is queued.
-    Compiling here also caches the grammar for the worker thread. Runs on a worker thread."""
+    response_format (or a forced tool call's grammar) the grammar library cannot compile, is a 400
+    before anything is queued. Compiling here also caches the grammar for the worker thread. Runs
+    on a worker thread. `tools` go to the chat template (service/tool_calls.py)."""
     try:
-        prompt_ids = engine.encode_prompt(prompt)
+        if tools:
+            prompt_ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size, engine.max_context, tools=tools)
+        else:
+            prompt_ids = engine.encode_prompt(prompt)
     except ValueError as exc:  # InputError, or a tokenizer without a chat template
         raise bad_request(str(exc), param=prompt_param) from None
     try:
         engine.request(prompt_ids, **params)
     except InputError as exc:
         message = str(exc)
+        if forced and message.startswith("response_format"):  # the grammar is the tools' schemas
+            raise bad_request("tools" + message.removeprefix("response_format"), param="tools") from None
         raise bad_request(message, param=next((p for p in _ENGINE_PARAMS if message.startswith(p)), None)) from None
     except ValueError as exc:
         if params.get("response_format") is None:
@@ -199,6 +231,7 @@ class _Choice:
     fmt: Formatter
     text: IncrementalText
     logprobs: int | None  # as asked of the engine: None = none
+    calls: ToolCallStream | None = None  # reads tool calls out of the text (service/tool_calls.py)
     tokens_shown: int = 0
     text_offset: int = 0  # characters of the tokens shown so far (completions' text_offset)
     held: list[Chunk] = field(default_factory=list)
@@ -217,16 +250,30 @@ class _Choice:
                 logprobs = Logprobs.of(output, start, start + len(step.token_ids), self.text_offset)
                 self.text_offset += sum(len(self.fmt.tokens(token)[0]) for token in step.token_ids)
             self.tokens_shown += len(step.token_ids)
+            tool_calls: list[dict] = []
             if step.output is None:
                 delta = self.text.push(step.token_ids)
-                if not delta and self.fmt.kind == CHAT and logprobs is None:
+                if self.calls is not None:
+                    read = self.calls.push(delta)
+                    delta, tool_calls = read.content, read.tool_calls
+                if not delta and not tool_calls and self.fmt.kind == CHAT and logprobs is None:
                     continue  # nothing to show yet (a character or a stop string still incomplete)
                 finish = None
             else:
                 delta, finish = self.text.finish(step.output.text), step.output.finish_reason
+                if self.calls is not None:
+                    read = self.calls.finish(delta)
+                    delta, tool_calls = read.content, read.tool_calls
+                    finish = tool_calls_finish(finish, self.calls.calls)
             bodies.append(
                 self.fmt.chunk(
-                    self.index, delta, step.token_ids, finish, logprobs=logprobs, with_usage_field=include_usage
+                    self.index,
+                    delta,
+                    step.token_ids,
+                    finish,
+                    logprobs=logprobs,
+                    with_usage_field=include_usage,
+                    tool_calls=tool_calls,
                 )
             )
         return bodies

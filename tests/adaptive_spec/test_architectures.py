@@ -2,9 +2,9 @@
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_architectures.py -q   (CPU, about a minute)
 
-Seven families (transformers 5 classes, built in code, nothing downloaded): Llama, Qwen2, Qwen3,
-Mistral and Gemma 3 (both with sliding-window layers, over a window shorter than the prompts),
-Phi-3, and a mixture of experts (Qwen3-MoE). For each:
+Seven families (transformers 5 classes, built in code, nothing downloaded: tests/helpers/tiny_families.py):
+Llama, Qwen2, Qwen3, Mistral and Gemma 3 (both with sliding-window layers, over a window shorter than the
+prompts), Phi-3, and a mixture of experts (Qwen3-MoE). For each:
 
 - the engine's target alone is the model's own greedy decoding (transformers' `generate`), which
   a mask that ignored the sliding window would break;
@@ -23,86 +23,17 @@ import copy
 
 import pytest
 import torch
-from transformers import (
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Phi3Config,
-    Phi3ForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
+from tiny_families import FAMILIES, VOCAB, model_of
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from adaptive_spec import Engine
 from adaptive_spec.drafters.spec import DraftSpecError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VOCAB = 112
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    initializer_range=0.1,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-)
-FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
-    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 12}),
-    # layers 0-1 slide over 12 positions, layer 2 attends to everything
-    "gemma3": (
-        Gemma3TextConfig,
-        Gemma3ForCausalLM,
-        {
-            "head_dim": 16,
-            "sliding_window": 12,
-            "query_pre_attn_scalar": 16,
-            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-        },
-    ),
-    "phi3": (Phi3Config, Phi3ForCausalLM, {}),
-    "qwen3_moe": (
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    ),
-}
 PROMPTS = [[(7 * i + 3) % 100 for i in range(30)], [44, 2], [3, 9, 27, 81, 3, 9, 27], list(range(20, 41))]
 BUDGETS = [16, 9, 20, 12]
 DRAFTS = ["head", "early-exit:1", "ngram", "ngram+head", "separate-model"]
-
-_models: dict[str, torch.nn.Module] = {}
-
-
-def model_of(family: str, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
-    key = f"{family}-{seed}-{layers}"
-    if key not in _models:
-        config_class, model_class, extra = FAMILIES[family]
-        config = config_class(**{**COMMON, **extra})
-        if layers is not None:
-            config.num_hidden_layers = layers
-            if getattr(config, "layer_types", None):
-                config.layer_types = config.layer_types[:layers]
-        torch.manual_seed(seed)
-        _models[key] = model_class(config).eval()
-    return _models[key]
 
 
 def target_alone(family: str) -> list[list[int]]:

@@ -81,3 +81,24 @@ def test_prompts_with_a_response_format_run_constrained_on_both_paths_and_skip_t
     free = engine.generate("one", 12, k=2)
     shaped = engine.generate("one", 12, k=2, response_format=fmt)
     assert shaped.text.startswith("{") and free.text != shaped.text
+
+
+def test_tool_lines_run_their_forced_calls_on_both_paths():
+    """A line with tools runs as the server would run it: the tools in the prompt and, when it forces
+    a call, the call's grammar on the target alone and on ours alike (prompts.encode_item)."""
+    from tiny_bytes import tiny_byte_tokenizer
+    from tiny_tools import TOOLS, TOOLS_TEMPLATE
+
+    from adaptive_spec.prompts import encode_item
+
+    tokenizer = tiny_byte_tokenizer(chat_template=TOOLS_TEMPLATE)
+    engine = Engine(tiny_target(0, positions=1024), "early-exit:1", tokenizer, eos_token_id=tokenizer.eos_token_id)
+    ask = [{"role": "user", "content": "Go."}]
+    items = [PromptItem(ask, tools=TOOLS, tool_choice="required"), PromptItem(ask, tools=TOOLS, tool_choice="none")]
+    figures = run_bench(engine, items, max_new_tokens=24, k=2, progress=False)
+    assert figures["constrained_prompts"] == 1 and figures["identical"] is True and figures["drafted"] > 0
+    ids, forced = encode_item(items[0], engine)
+    assert "get_weather" in tokenizer.decode(ids) and forced["type"] == "grammar"
+    assert engine.generate(ids, 24, response_format=forced).text.startswith("<tool_call>\n")
+    plain_ids, free = encode_item(items[1], engine)
+    assert free is None and "get_weather" not in tokenizer.decode(plain_ids)

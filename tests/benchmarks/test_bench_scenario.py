@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/benchmarks/test_bench_scenario.py -q   (ab
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -27,12 +28,10 @@ def prompt_file(path, letters: str, count: int = 14):
     return path
 
 
-def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_dir, tmp_path):
-    a, b = prompt_file(tmp_path / "alpha.jsonl", "abc"), prompt_file(tmp_path / "beta.jsonl", "xyz")
-    phases = parse_scenario(f"{a}:8,{b}:6,{a}:6,mix:5")
-    settings = ScenarioSettings(
-        phases=tuple(phases),
-        target=str(tiny_model_dir),
+def tiny_scenario(model_dir, phases: str, **fields) -> ScenarioSettings:
+    return ScenarioSettings(
+        phases=tuple(parse_scenario(phases)),
+        target=str(model_dir),
         draft="early-exit:1",
         k=2,  # a fixed k: the untrained tiny draft drafts every step, so every window has an acceptance
         dtype="fp32",
@@ -43,7 +42,13 @@ def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_d
         max_batch=2,
         trainer_args=("--min-new-records", "4", "--gate-min-positions", "16", "--round-steps", "3"),
         cli=(sys.executable, "-m", "cli"),
+        **fields,
     )
+
+
+def test_a_short_scenario_reports_every_phase_and_the_contract_keys(tiny_model_dir, tmp_path):
+    a, b = prompt_file(tmp_path / "alpha.jsonl", "abc"), prompt_file(tmp_path / "beta.jsonl", "xyz")
+    settings = tiny_scenario(tiny_model_dir, f"{a}:8,{b}:6,{a}:6,mix:5")
     lines = []
     result = run_scenario(settings, log=lines.append)
 
@@ -96,3 +101,31 @@ def test_scenarios_are_parsed_or_refused_with_the_part_that_is_wrong(tmp_path):
             parse_scenario(bad)
     with pytest.raises(PromptFileError, match="no shipped prompt set"):
         parse_scenario("nosuchdomain:60")
+
+
+def test_a_scenario_from_a_start_version_serves_it_on_both_servers_the_static_one_frozen(tiny_model_dir, tmp_path):
+    """--start-version: the adaptive server drafts with the version from its first reply (registered as
+    the run's champion, the trainer trains on from it), the static one serves the same version frozen."""
+    from adapter_files import write_adapter
+    from tiny import tiny_target
+
+    warm = write_adapter(
+        tiny_target(0), 1, tmp_path / "warm", seed=3, target_id=str(tiny_model_dir), draft_id="early-exit:1", version=7
+    )
+    a = prompt_file(tmp_path / "alpha.jsonl", "abc")
+    settings = tiny_scenario(tiny_model_dir, f"{a}:6", start_adapter=warm, start_version="7")
+    result = run_scenario(settings, log=lambda line: None)
+    assert result["identical"] is True
+    assert result["start_version"] == "7" and result["static"] == "version 7, frozen"
+    assert result["first_adapter_versions"] == {"adaptive": "1", "static": "7"}  # the run's registry calls it 1
+    assert "static: version 7, frozen" in format_report(result)
+
+
+def test_start_version_applies_to_scenarios_only():
+    run = subprocess.run(
+        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "--start-version applies to --scenario" in run.stderr

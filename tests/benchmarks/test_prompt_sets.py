@@ -21,7 +21,9 @@ EXPECTED = {
     "python.jsonl": ("python", 300),
     "casual_chat.jsonl": ("casual_chat", 300),
     "json_schema.jsonl": ("json_extraction", 300),
+    "tool_calls.jsonl": ("tool_calls", 300),
 }
+AGENT = {"tool_calls.jsonl"}  # multi-turn lines with tools: test_tool_calls_set_is_agent_traffic
 WITH_FORMAT = {"json_schema.jsonl"}  # lines that also carry a response_format
 MAX_CHARS = 600
 
@@ -42,7 +44,7 @@ def _user_contents(path: Path) -> list[str]:
     return contents
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - AGENT))
 def test_prompt_file_format(name: str) -> None:
     domain, minimum = EXPECTED[name]
     path = DATA_DIR / name
@@ -86,6 +88,36 @@ def test_json_schema_prompts_are_json_extractions_own_each_asking_for_its_keys()
         grammars.compile(item.response_format)
 
 
+def test_tool_calls_set_is_agent_traffic() -> None:
+    """Several tool schemas, multi-turn lines, every past call valid against its tool's schema and
+    answered by a tool message; each line forces a call or lets the model answer, and the forced
+    grammars compile."""
+    from tiny_bytes import tiny_byte_tokenizer
+
+    from adaptive_spec.tools import ToolUse
+
+    items = load_prompts(prompt_source("tool_calls"))
+    assert len(items) >= 300 and {item.domain for item in items} == {"tool_calls"}
+    names = {tool["function"]["name"] for item in items for tool in item.tools}
+    assert len(names) >= 6
+    turns = [len(item.prompt) for item in items]
+    assert sum(t == 1 for t in turns) > 100 and sum(t > 1 for t in turns) > 100  # single and multi-turn
+    choices = [item.tool_choice if isinstance(item.tool_choice, str) else "named" for item in items]
+    assert {"required", "named", "auto"} == set(choices)
+    for item in items:
+        schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in item.tools}
+        for i, message in enumerate(item.prompt):
+            for call in message.get("tool_calls") or []:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]])
+                assert item.prompt[i + 1] == {**item.prompt[i + 1], "role": "tool", "tool_call_id": call["id"]}
+        assert item.prompt[-1]["role"] == "user"
+    grammars = Grammars(tiny_byte_tokenizer(), 112, eos_ids={2})
+    for item in items[:16]:
+        use = ToolUse.of(item.tools, item.tool_choice, None, item.prompt)
+        if use.forced:
+            grammars.compile(use.response_format())
+
+
 @pytest.mark.parametrize(
     ("line", "phrase"),
     [
@@ -93,6 +125,10 @@ def test_json_schema_prompts_are_json_extractions_own_each_asking_for_its_keys()
         ('{"prompt": "hi", "response_format": {"schema": {}}}', "'response_format' must be an object with a 'type'"),
         ('{"prompt": "hi", "domain": 3}', "'domain' must be a string"),
         ('{"messages": []}', "expected a non-empty 'prompt'"),
+        ('{"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}', "'tools' go with 'messages'"),
+        ('{"messages": [{"role": "user", "content": "hi"}], "tools": {"f": 1}}', "'tools' must be a list"),
+        ('{"messages": [{"role": "user", "content": "hi"}], "tool_choice": 3}', "'tool_choice' must be a string"),
+        ('{"messages": [{"role": "user"}]}', "expected a non-empty 'prompt'"),
     ],
 )
 def test_a_malformed_line_is_named_in_the_error(tmp_path: Path, line: str, phrase: str) -> None:
@@ -107,5 +143,7 @@ def test_a_prompt_source_is_a_file_or_a_shipped_name(tmp_path: Path) -> None:
     (tmp_path / "json_schema").write_text('{"prompt": "mine"}\n')  # a file of that name wins
     assert prompt_source(tmp_path / "json_schema") == tmp_path / "json_schema"
     assert prompt_source("missing.jsonl") == Path("missing.jsonl")  # load_prompts names it
-    with pytest.raises(PromptFileError, match="shipped: casual_chat, chat, json_extraction, json_schema"):
+    with pytest.raises(
+        PromptFileError, match="shipped: casual_chat, chat, json_extraction, json_schema, python, sql, tool_calls"
+    ):
         prompt_source("nosuch")

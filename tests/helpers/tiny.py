@@ -23,9 +23,14 @@ MAX_POSITIONS = 256
 
 
 def llama(
-    seed: int, vocab: int = VOCAB, layers: int = TARGET_LAYERS, hidden: int = 64, init: float = 0.1
+    seed: int,
+    vocab: int = VOCAB,
+    layers: int = TARGET_LAYERS,
+    hidden: int = 64,
+    init: float = 0.1,
+    positions: int = MAX_POSITIONS,
 ) -> LlamaForCausalLM:
-    """A random fp32 Llama: `hidden` wide, 4 query heads sharing 2 KV heads, 256 positions."""
+    """A random fp32 Llama: `hidden` wide, 4 query heads sharing 2 KV heads, 256 positions (or `positions`)."""
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -33,7 +38,7 @@ def llama(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=positions,
         initializer_range=init,
         bos_token_id=None,
         eos_token_id=None,
@@ -44,9 +49,9 @@ def llama(
     return LlamaForCausalLM(config).to(torch.float32).eval()
 
 
-def tiny_target(seed: int = 0, vocab: int = VOCAB) -> LlamaForCausalLM:
-    """The target: 4 layers, so early-exit:1..3 are valid drafts."""
-    return llama(seed, vocab, layers=TARGET_LAYERS)
+def tiny_target(seed: int = 0, vocab: int = VOCAB, positions: int = MAX_POSITIONS) -> LlamaForCausalLM:
+    """The target: 4 layers, so early-exit:1..3 are valid drafts; `positions` for long prompts (tools)."""
+    return llama(seed, vocab, layers=TARGET_LAYERS, positions=positions)
 
 
 def tiny_draft(seed: int = 100, vocab: int = VOCAB, layers: int = 1) -> LlamaForCausalLM:

@@ -25,7 +25,7 @@ def byte_stand_in(byte: int) -> str:
     return chr(256 + [b for b in range(256) if b not in printable].index(byte))
 
 
-def tiny_byte_tokenizer(vocab_size: int = 112) -> PreTrainedTokenizerFast:
+def tiny_byte_tokenizer(vocab_size: int = 112, chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
     tokens = SPECIALS + [byte_stand_in(b) for b in [10, *range(32, 127)]]
     tokens += [f"<extra_{i}>" for i in range(vocab_size - len(tokens))]
     backend = Tokenizer(BPE({token: i for i, token in enumerate(tokens)}, [], unk_token="<unk>"))
@@ -33,5 +33,5 @@ def tiny_byte_tokenizer(vocab_size: int = 112) -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(SPECIALS)
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<|im_end|>", chat_template=chat_template
     )
