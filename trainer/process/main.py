@@ -99,7 +99,6 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         champion_source=RegistryChampion(registry, pending),
     )
     lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
-    lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
     try:
         counters = trainer.run(stop, budget_s=settings.budget_s, checkpoint_every_s=settings.checkpoint_every_s)
