@@ -18,8 +18,9 @@ promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operato
 promote it by hand. The trainer itself follows the registry (trainer/promotion/champion.py): once nothing of
 its own is queued, whatever the registry serves is the champion it adopts, trains from and gates
 against. The check runs after the version is created (its artifacts uploaded: a second or more),
-right before the alias moves, so a rollback made during the upload stands. What is left: an
-operator action landing between the check and the alias move (two MLflow calls) is overwritten.
+under the registry's alias lock (registry/lock.py) with the move itself, so a rollback made during the
+upload stands, and one made at the same moment lands either before the check (the entry is not promoted)
+or after the move (it rolls the entry back).
 
 A domain's adapter (its metadata says `"domain": "sql"`, trainer/loop/domains.py) moves that domain's
 aliases (`champion-sql`, `previous-sql`), and the check compares its parent with `champion-sql`, or
@@ -32,6 +33,7 @@ tests/registry/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -111,13 +113,16 @@ class PendingRegistrations:
                 try:
                     version = self.registry.register(Path(entry["path"]), by=self.by, promote=False)
                     domain = AdapterDir(entry["path"]).metadata().get("domain") or None  # register read it too
-                    abandoned = self._abandoned(entry, domain)  # after the upload, right before the alias moves
-                    if abandoned is None:
-                        self.registry.promote(version, by=self.by, domain=domain)
-                    else:
-                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
+                    event = self.registry.promote(  # the check runs under the alias lock, right before the move
+                        version, by=self.by, domain=domain, unless=functools.partial(self._abandoned, entry, domain)
+                    )
+                    if event.get("refused"):
+                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, event["refused"])
                         log.warning(
-                            "registered %s as version %s without promoting it: %s", entry["path"], version, abandoned
+                            "registered %s as version %s without promoting it: %s",
+                            entry["path"],
+                            version,
+                            event["refused"],
                         )
                         self.not_promoted.append(version)
                     self.registered.append(version)
