@@ -13,6 +13,7 @@
 | redis_url | REDIS_URL | none: no correction log |
 | api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
 | admin_token | ADAPTIVE_SPEC_ADMIN_TOKEN | none: /admin refuses everything (403) |
+| signing_key | ADAPTIVE_SPEC_SIGNING_KEY | none: any registry version is served (a warning at start); set: only versions the trainer signed with it |
 | mlflow_tracking_uri | MLFLOW_TRACKING_URI | none: the adapter registry is `<data_dir>/mlflow.db` if that file exists, else off |
 | adapter_poll_s | ADAPTIVE_SPEC_ADAPTER_POLL_S | 5 s between polls of the `champion` alias (0: no watcher) |
 | max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
@@ -31,21 +32,24 @@
 | drift_fraction | ADAPTIVE_SPEC_DRIFT_FRACTION | 0.7: alert below this fraction of the served adapter's gated figure |
 | drift_min_drafts | ADAPTIVE_SPEC_DRIFT_MIN_DRAFTS | 200 drafting steps in the window before the alert may fire |
 
-Secrets (the API key, the admin token, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
+The API key, the admin token and the signing key must be at least 16 characters (6 distinct) and hold no
+known placeholder (`change-me`, ...): the server refuses to start otherwise, and says how to make one.
+Secrets (the API key, the admin token, the signing key, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
 so logging the settings is safe. The API key and the admin token lose surrounding whitespace when read: one
 written to a file by `echo` ends in a newline that no client sends, and would never match.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url
-from adaptive_spec.options import EnvSettings, ModelOptions
+from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
 
-_SECRETS = ("api_key", "admin_token")
+_SECRETS = ("api_key", "admin_token", "signing_key")
 
 
 @dataclass(frozen=True, repr=False)
@@ -65,6 +69,7 @@ class Settings(ModelOptions, EnvSettings):
     redis_url: str | None = None
     api_key: str | None = None
     admin_token: str | None = None
+    signing_key: str | None = None  # versions without the trainer's signature made with it are refused
     mlflow_tracking_uri: str | None = None  # the adapter registry (service/watcher.py)
     adapter_poll_s: float = 5.0
     max_tokens_limit: int = 2048
@@ -91,6 +96,8 @@ class Settings(ModelOptions, EnvSettings):
                 if not value.strip():
                     raise ValueError(f"{name} is blank: unset it, or give a token")
                 object.__setattr__(self, name, value.strip())
+            if getattr(self, name) is not None:
+                check_secret(self.env_name(name), getattr(self, name))  # refused at start: placeholders, short ones
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.k is not None and self.k < 0:
@@ -117,6 +124,22 @@ class Settings(ModelOptions, EnvSettings):
         if not 0 < self.drift_fraction <= 1:
             raise ValueError(f"drift_fraction must be in (0, 1], got {self.drift_fraction}")
 
+    def warnings(self) -> list[str]:
+        """What this configuration leaves open, logged at start (service/server.py): /v1 without a key on an
+        address others can reach, and a registry followed without checking signatures."""
+        said = []
+        if self.api_key is None and not _loopback(self.host):
+            said.append(
+                f"serving on {self.host} without ADAPTIVE_SPEC_API_KEY: /v1 is open to anyone who reaches this "
+                "address; set a key (openssl rand -hex 24), or bind to 127.0.0.1"
+            )
+        if self.signing_key is None:
+            said.append(
+                "ADAPTIVE_SPEC_SIGNING_KEY is not set: this server serves whatever version the registry's champion "
+                "alias names, signed or not; give it and the trainer the same key to refuse forged versions"
+            )
+        return said
+
     def __repr__(self) -> str:
         shown = []
         for f in fields(self):
@@ -127,3 +150,13 @@ class Settings(ModelOptions, EnvSettings):
                 value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(shown)})"
+
+
+def _loopback(host: str) -> bool:
+    """127.0.0.1, ::1 and localhost: only this machine can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

@@ -42,7 +42,8 @@ domain and nothing changes (the served adapter stays; the refusal is logged and 
 2. download V's artifacts into `cache_dir/vV-<sha>` (reason "missing" when the registry has no
    files for it);
 3. verify: the weights hash to V's `adapter_sha256` tag and to `checksum.sha256` (reason
-   "checksum");
+   "checksum"); with ADAPTIVE_SPEC_SIGNING_KEY, V carries the trainer's signature made with that key
+   (reason "signature": unsigned, forged, or changed after signing);
 4. `Engine.load_adapter`: LoRA shapes against the draft's modules (rank, target modules), merged into
    a new slot, then swapped under the step lock and the old slot dropped (reason "incompatible"
    or "corrupt" when it refuses).
@@ -246,6 +247,7 @@ class AdapterWatcher:
             adapter = AdapterDir(final)
             adapter.verify(expected_sha256=sha)
             adapter.check_models(self.engine.target_id, self.engine.draft_id)
+            self.registry.check_signature(final)  # with ADAPTIVE_SPEC_SIGNING_KEY: the trainer's signature
         except AdapterError:
             shutil.rmtree(final, ignore_errors=True)  # never reuse bad files; a fixed artifact downloads again
             raise
@@ -349,7 +351,9 @@ def open_registry(settings) -> AdapterRegistry | None:
         uri = sqlite_tracking_uri(settings.data_dir)
     if uri is None:
         return None
-    return AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
+    return AdapterRegistry(
+        uri, data_dir=settings.data_dir, redis_url=settings.redis_url, signing_key=settings.signing_key
+    )
 
 
 def start_watcher(

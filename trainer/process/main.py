@@ -34,7 +34,7 @@ import socket
 import threading
 from pathlib import Path
 
-from adaptive_spec.contracts import PENDING_FILE, redact_url
+from adaptive_spec.contracts import PENDING_FILE, SIGNING_KEY_ENV, redact_url
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,14 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         client.close()
         return {"leader": False}
     lease.keep(on_lost=stop.set)  # another trainer took it: stop like on SIGTERM
-    registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
+    registry = AdapterRegistry(
+        settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url, signing_key=settings.signing_key
+    )
+    if not settings.signing_key:
+        log.warning(
+            "%s is not set: versions are registered unsigned, and servers cannot tell them from forged ones",
+            SIGNING_KEY_ENV,
+        )
     pending = PendingRegistrations(
         registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
     ).start()
@@ -98,7 +105,6 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         on_promote=lease.fenced(pending.submit),
         champion_source=RegistryChampion(registry, pending),
     )
-    lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
     lease.follow(lambda: trainer.progressed_at, settings.lease_stall_s)  # a hung main loop lets it lapse
     log.info("trainer %s: data in %s, registry %r", consumer, data_dir, registry)
     try:
