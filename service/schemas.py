@@ -3,7 +3,7 @@
 Supported OpenAI fields: `model`, `messages` (chat) or `prompt` (completions: a string, or a
 list of token ids as OpenAI allows; a batch of one is unwrapped), `max_tokens` and its newer
 name `max_completion_tokens`, `temperature` in [0, 2] (default 1, as OpenAI; 0 is greedy),
-`top_p` in (0, 1], `seed`, `stop` (a string or up to 16), `stream`,
+`top_p` in (0, 1], `seed`, `stop` (a string or up to 16, each at most 256 characters), `stream`,
 `stream_options.include_usage`, `n` (1 to 8 choices), `user` (ignored), and:
 
 - `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
@@ -49,6 +49,7 @@ from adaptive_spec.sampling import SEED_MAX, SEED_MIN
 from adaptive_spec.tokens import CHAT_ROLES
 
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256  # each one is searched for in the text of every step: bounded like the prompt
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_LOGIT_BIAS = 300  # entries of logit_bias; each is a row of the bias vector
 TOKEN_ID = "^[0-9]{1,9}$"  # a logit_bias key
@@ -141,6 +142,8 @@ class _GenerationRequest(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop string is at most {MAX_STOP_CHARS} characters")
         return stops
 
     @field_validator("logit_bias")
