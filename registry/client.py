@@ -340,6 +340,14 @@ class AdapterRegistry:
             found = self._versions_with_sha(sha256)
         return found[0] if found else None
 
+    def delete_version(self, version: str | int) -> None:
+        """Delete a version and its run (`adaptive-spec purge --registry`); its aliases go with it."""
+        with self._mlflow("delete version"), self._moving("delete version"):
+            run_id = self._get_version(str(version)).run_id
+            self.client.delete_model_version(self.model_name, str(version))
+            if run_id:
+                self.client.delete_run(run_id)
+
     def set_version_tag(self, version: str | int, key: str, value: str) -> None:
         with self._mlflow("tag version"):
             self.client.set_model_version_tag(self.model_name, str(version), key, value)

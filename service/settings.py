@@ -20,11 +20,13 @@
 | max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
 | max_batch | ADAPTIVE_SPEC_MAX_BATCH | 8 sequences decoding together (1: one request at a time) |
 | adapter | ADAPTIVE_SPEC_ADAPTER | none: an adapter directory to serve from the start (the registry's champion, when one is configured, replaces it) |
+| keep_versions | ADAPTIVE_SPEC_KEEP_VERSIONS | 20 downloaded versions kept in the adapter cache besides those served |
 | max_adapters | ADAPTIVE_SPEC_MAX_ADAPTERS | 8 domain adapters held at once; one more evicts the least used |
 | queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
 | request_timeout_s | ADAPTIVE_SPEC_REQUEST_TIMEOUT_S | 300 s, from arrival, queueing included |
 | drain_timeout_s | ADAPTIVE_SPEC_DRAIN_TIMEOUT_S | 30 s to finish in-flight requests at shutdown |
 | stream_maxlen | ADAPTIVE_SPEC_STREAM_MAXLEN | 100000 records (MAXLEN ~ of the correction stream) |
+| stream_max_bytes | ADAPTIVE_SPEC_STREAM_MAX_BYTES | 1073741824 (1 GiB): the stream's byte budget, as a count from the mean record size (service/correction_log.py) |
 | log_queue_size | ADAPTIVE_SPEC_LOG_QUEUE_SIZE | 1024 records held in memory while Redis is away |
 | record_topk | ADAPTIVE_SPEC_RECORD_TOPK | 16 target top-m entries per output token |
 | stats_retention_s | ADAPTIVE_SPEC_STATS_RETENTION_S | 604800 s (7 days) of dashboard buckets in Redis (10 s buckets: at most 2 days) |
@@ -78,10 +80,12 @@ class Settings(ModelOptions, EnvSettings):
     max_batch: int = 8
     adapter: str | None = None  # an adapter directory served from the start
     max_adapters: int = 8
+    keep_versions: int = 20  # downloaded adapter versions kept besides those served
     queue_size: int = 32
     request_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
     stream_maxlen: int = 100_000
+    stream_max_bytes: int = 1 << 30
     log_queue_size: int = 1024
     record_topk: int = 16
     stats_retention_s: int = 7 * 86400
@@ -109,6 +113,7 @@ class Settings(ModelOptions, EnvSettings):
             "max_batch",
             "queue_size",
             "stream_maxlen",
+            "stream_max_bytes",
             "log_queue_size",
         ):
             if getattr(self, name) < 1:

@@ -53,6 +53,9 @@ A refused version is not tried again until its alias moves elsewhere and back (`
 the base draft; a domain's alias removed unloads that domain's slot. MLflow unreachable: the served
 adapters stay and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
 
+After each swap the cache of downloaded versions is pruned to those the engine holds plus the
+`keep_versions` (ADAPTIVE_SPEC_KEEP_VERSIONS, 20) most recent (`prune_cache`).
+
 Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`, every domain alike), its pause (how
 long decoding was held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and
 `on_swap(kind, version, by, path, domain=None)` is called once, after the swap (`Service.record_swap`
@@ -107,8 +110,10 @@ class AdapterWatcher:
         events: AdapterEvents | None = None,
         metrics=None,
         on_swap=None,
+        keep_versions: int = 20,
     ) -> None:
         self.engine = engine
+        self.keep_versions = keep_versions  # downloaded versions kept besides those served (prune_cache)
         self.registry = registry
         self.cache_dir = Path(cache_dir)
         self.poll_s = poll_s
@@ -257,6 +262,7 @@ class AdapterWatcher:
 
     def _swapped(self, swap: Swap, by: str | None, path: Path | None) -> None:
         self.swaps.append(swap)
+        self.prune_cache()
         log.info(
             "%s adapter %s -> %s (by %s): decoding held %.2f ms",
             _label(swap.domain),
@@ -273,6 +279,19 @@ class AdapterWatcher:
                 self.on_swap(swap.kind, swap.version, by, path, domain=swap.domain)
             except Exception:  # a dashboard marker must never undo or block a swap
                 log.exception("on_swap failed after the swap to %s", swap.version)
+
+    def prune_cache(self) -> list[str]:
+        """Delete downloaded versions but those the engine holds and the `keep_versions` most recent; returns
+        the names deleted. They hold n-gram indexes and vocabularies of user traffic: kept no longer than used."""
+        held = {version for version in self.engine.adapters.versions().values() if version is not None}
+        cached = sorted(
+            (path for path in self.cache_dir.glob("v*-*") if path.is_dir()), key=lambda p: p.stat().st_mtime
+        )
+        old = cached[: -self.keep_versions] if self.keep_versions else cached
+        deleted = [path.name for path in old if path.name.split("-", 1)[0][1:] not in held]
+        for name in deleted:
+            shutil.rmtree(self.cache_dir / name, ignore_errors=True)
+        return deleted
 
     def _refuse(self, domain: str | None, version: str, refusal: AdapterError) -> None:
         self.refused[(domain, version)] = refusal.reason
@@ -385,6 +404,7 @@ def start_watcher(
         events=registry.events,
         metrics=metrics,
         on_swap=on_swap,
+        keep_versions=settings.keep_versions,
     ).start()
     if not watcher.first_check.wait(first_check_s):
         log.warning(

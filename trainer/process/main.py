@@ -34,7 +34,7 @@ import socket
 import threading
 from pathlib import Path
 
-from adaptive_spec.contracts import PENDING_FILE, SIGNING_KEY_ENV, redact_url
+from adaptive_spec.contracts import ADAPTERS_DIR, PENDING_FILE, SIGNING_KEY_ENV, redact_url
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,12 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
             SIGNING_KEY_ENV,
         )
     pending = PendingRegistrations(
-        registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
+        registry,
+        data_dir / PENDING_FILE,
+        by=f"trainer:{consumer}",
+        retry_s=settings.retry_s,
+        versions_dir=data_dir / ADAPTERS_DIR,
+        keep_versions=settings.keep_versions,
     ).start()
     stream = CorrectionStream(client, consumer=consumer)
     trainer = build_trainer(

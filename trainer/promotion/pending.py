@@ -27,6 +27,9 @@ aliases (`champion-sql`, `previous-sql`), and the check compares its parent with
 with `champion` while the domain has no alias of its own (its requests draft with the general
 adapter, which is what its first version was trained from).
 
+Retention: once the queue is empty, the trainer's version directories are pruned to the last
+`keep_versions` (ADAPTIVE_SPEC_KEEP_VERSIONS, 20) plus every one an alias names (`prune`).
+
 Tests (MLflow server stopped and started, real Redis): `.venv/bin/python -m pytest
 tests/registry/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
 """
@@ -37,12 +40,13 @@ import functools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir
-from adaptive_spec.contracts import NOT_PROMOTED_TAG
+from adaptive_spec.adapters import AdapterDir, trainer_versions
+from adaptive_spec.contracts import NOT_PROMOTED_TAG, SHA_TAG
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -71,8 +75,19 @@ class PendingRegistrations:
     turn, v0005 (trained from v0004) no longer matches and stays a plain version.
     """
 
-    def __init__(self, registry: AdapterRegistry, queue_file: Path, *, by: str = "trainer", retry_s: float = 10.0):
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        queue_file: Path,
+        *,
+        by: str = "trainer",
+        retry_s: float = 10.0,
+        versions_dir: Path | None = None,
+        keep_versions: int = 20,
+    ):
         self.registry = registry
+        self.versions_dir = versions_dir  # the trainer's vNNNN directories, pruned after each registration
+        self.keep_versions = keep_versions
         self.queue_file = Path(queue_file)
         self.by = by
         self.retry_s = retry_s
@@ -108,6 +123,7 @@ class PendingRegistrations:
             while True:
                 queue = self.pending()
                 if not queue:
+                    self.prune()
                     return 0
                 entry = queue[0]
                 try:
@@ -139,6 +155,40 @@ class PendingRegistrations:
                     if queue and queue[0] == entry:
                         queue.pop(0)
                     self._write(queue)
+
+    def prune(self) -> list[str]:
+        """Delete the trainer's version directories but the last `keep_versions`, those an alias of the registry
+        names (any domain's champion or previous, matched by their weights' sha256) and those still queued;
+        returns the names deleted. A directory holds the n-gram index and vocabulary of the traffic it was
+        trained on, so they go with it. MLflow down: nothing is deleted (what is aliased is unknown)."""
+        if self.versions_dir is None:
+            return []
+        versions = trainer_versions(self.versions_dir)
+        old = list(versions)[: -self.keep_versions] if self.keep_versions else list(versions)
+        if not old:
+            return []
+        try:
+            aliased = {self.registry.get(version).sha256 for version in set(self.registry.aliases().values())}
+        except (RegistryUnavailable, RegistryError) as exc:
+            log.info("not pruning version directories: %s", exc)
+            return []
+        queued = {str(Path(entry["path"]).resolve()) for entry in self.pending()}
+        deleted = []
+        for number in old:
+            adapter = versions[number]
+            if str(adapter.path.resolve()) in queued or adapter.metadata().get(SHA_TAG) in aliased:
+                continue
+            shutil.rmtree(adapter.path, ignore_errors=True)
+            deleted.append(adapter.name)
+        if deleted:
+            kept = self.keep_versions
+            log.info(
+                "pruned %d version directories (%s); kept the last %d and every aliased one",
+                len(deleted),
+                ", ".join(deleted),
+                kept,
+            )
+        return deleted
 
     def _abandoned(self, entry: dict, domain: str | None) -> str | None:
         """Why the entry must not move its champion alias (an operator moved it off its parent), or None."""
