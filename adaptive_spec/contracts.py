@@ -51,12 +51,14 @@ EVENT_TAG = "adaptive_spec.last_event"  # registered-model tag: the last promote
 NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left the champion alone
 OUTSIDE = "mlflow-alias"  # the `by` of an alias moved outside adaptive-spec (the MLflow UI, a client)
 
-# The domain rules, here once. A request may tag itself with any DOMAIN_TAG (service/schemas.py checks
-# it); a tag that is also an alias domain gets an adapter of its own (`champion-sql`: MLflow aliases
-# allow letters, digits, "_" and "-"), any other trains the general adapter.
+# The domain rule, here once, for every floor: a request's tag (service/schemas.py: a 400 otherwise), the
+# trainer's lineages, the registry's aliases (`champion-sql`: MLflow aliases allow letters, digits, "_" and
+# "-") and the CLI's --domain. A name no alias can carry (`sql.v2`, `a b`) is refused at the API, so no
+# request's tag is silently trained into the general adapter.
 MAX_DOMAIN_CHARS = 64
-DOMAIN_TAG_PATTERN = rf"^[A-Za-z0-9_.\-]{{1,{MAX_DOMAIN_CHARS}}}$"
-_ALIAS_DOMAIN = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+DOMAIN_PATTERN = r"^[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*$"  # plus at most MAX_DOMAIN_CHARS characters
+DOMAIN_TAG_PATTERN = DOMAIN_PATTERN  # the name service/schemas.py knows it by
+_ALIAS_DOMAIN = re.compile(DOMAIN_PATTERN)
 
 
 def check_domain(domain: str) -> str:

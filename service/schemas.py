@@ -28,7 +28,8 @@ Extensions:
     is written anywhere, and nothing of it reaches Redis (not even the dashboard's counters,
     which hold its domain tag). The server's own Prometheus counters, in memory, still count it.
   - `domain` tags the request's correction record and its metrics (the `domain` label). It is
-    1-64 characters of letters, digits and `_.-`.
+    1-64 characters of letters, digits, `_` and inner `-` (adaptive_spec/contracts.py `check_domain`,
+    the rule the registry's aliases follow): `sql.v2` is a 400, never silently the general adapter.
   - `speculative: false` decodes with the target alone, through the same code: the baseline
     that speed figures are divided by (the dashboard's speedup, time to first token). The
     output is the same either way under greedy decoding; only the speed differs.
@@ -43,7 +44,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from adaptive_spec.constraints import MIN_REPETITION_PENALTY
-from adaptive_spec.contracts import DOMAIN_TAG_PATTERN
+from adaptive_spec.contracts import DOMAIN_TAG_PATTERN, MAX_DOMAIN_CHARS
 from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
 from adaptive_spec.sampling import SEED_MAX, SEED_MIN
 from adaptive_spec.tokens import CHAT_ROLES
@@ -71,7 +72,7 @@ class AdaptiveSpecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     log: StrictBool = True
-    domain: str | None = Field(None, pattern=DOMAIN_TAG_PATTERN)
+    domain: str | None = Field(None, pattern=DOMAIN_TAG_PATTERN, max_length=MAX_DOMAIN_CHARS)  # contracts.check_domain
     speculative: StrictBool = True
 
 
