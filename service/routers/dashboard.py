@@ -1,4 +1,5 @@
-"""The ops dashboard: the page (`GET /dashboard`, assets from `ops/dashboard/`) and its JSON API.
+"""The ops dashboard: the page (`GET /dashboard`, assets from `service/static/dashboard/`, package data that
+every install carries) and its JSON API.
 
     open http://127.0.0.1:8000/dashboard
     curl -s 'localhost:8000/api/stats/series?from=1700000000&to=1700003600'   # step chosen by range
@@ -36,7 +37,7 @@ from service.finite import finite
 from service.stats_queries import MAX_POINTS, RESOLUTIONS, TARGET_ALONE, figures
 from service.stats_store import StatsRecorder
 
-ASSETS = Path(__file__).resolve().parents[2] / "ops" / "dashboard"
+ASSETS = Path(__file__).resolve().parents[1] / "static" / "dashboard"  # package data (pyproject.toml)
 MAX_RANGE_S = 31 * 86400
 DEFAULT_RANGE_S = 3600
 
@@ -58,7 +59,7 @@ async def page() -> FileResponse:
     if not index.is_file():
         raise APIError(
             404,
-            f"dashboard assets not found at {ASSETS} (they live in the repository's ops/dashboard)",
+            f"dashboard assets not found at {ASSETS} (package data of `service`: reinstall adaptive-spec)",
             code="not_found",
         )
     return FileResponse(index, headers={"Cache-Control": "no-cache"})

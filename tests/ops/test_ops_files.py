@@ -225,7 +225,8 @@ def test_routes_the_runbook_names_exist(live_server, tiny_engine, redis_url):
 
 
 def test_the_chart_library_is_vendored_at_a_pinned_version():
-    vendor = OPS / "dashboard" / "vendor"
+    dashboard = OPS.parent / "service" / "static" / "dashboard"
+    vendor = dashboard / "vendor"
     readme = (vendor / "README.md").read_text()
     version = re.search(r"uPlot \*\*(\d+\.\d+\.\d+)\*\*", readme).group(1)
     assert f"npm pack uplot@{version}" in readme
@@ -233,7 +234,7 @@ def test_the_chart_library_is_vendored_at_a_pinned_version():
     for name in ("uPlot.iife.min.js", "uPlot.min.css"):
         digest = hashlib.sha256((vendor / name).read_bytes()).hexdigest()
         assert f"| {name} | {digest} |" in readme, f"{name} changed without its README line"
-    page = (OPS / "dashboard" / "index.html").read_text() + (OPS / "dashboard" / "dashboard.js").read_text()
+    page = (dashboard / "index.html").read_text() + (dashboard / "dashboard.js").read_text()
     assert not re.search(r"https?://(?!127\.0\.0\.1)", page.replace("http://www.w3.org", "")), "no external URLs"
 
 
