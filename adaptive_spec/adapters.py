@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -57,6 +58,7 @@ from adaptive_spec.contracts import (
     NGRAMS_FILE,
     NGRAMS_SHA_KEY,
     SHA_TAG,
+    SIGNATURE_FILE,
     VOCAB_FILE,
     VOCAB_SHA_KEY,
     WEIGHTS_FILE,
@@ -65,14 +67,16 @@ from adaptive_spec.contracts import (
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 _VERSION_DIR = re.compile(r"v(\d+)")
 
-REASONS = ("missing", "checksum", "corrupt", "incompatible")  # why an adapter is refused (a metric label)
+REASONS = ("missing", "checksum", "corrupt", "incompatible", "signature")
+SIGNATURE_SCHEME = "hmac-sha256"  # why an adapter is refused (a metric label)
 
 
 class AdapterError(ValueError):
     """An adapter that cannot be served: missing, corrupt, or not shaped for this draft.
 
     `reason` is one of REASONS: "missing" (files not there), "checksum" (the weights are not what
-    was recorded), "corrupt" (a file does not parse) or "incompatible" (another model's adapter).
+    was recorded), "corrupt" (a file does not parse), "incompatible" (another model's adapter) or
+    "signature" (unsigned, or not signed with this deployment's key: `check_signature`).
     """
 
     def __init__(self, message: str, reason: str = "incompatible") -> None:
@@ -228,6 +232,47 @@ class AdapterDir:
         if must_be_listed and claims[CHECKSUM_FILE] is None:
             raise AdapterError(f"{self.path}: {file.name} is not in {CHECKSUM_FILE}: added after sealing", "checksum")
         check_claims(file, sha256_file(file), claims)
+
+    # ---------------------------------------------------------------- signing (ADAPTIVE_SPEC_SIGNING_KEY)
+
+    def signed_manifest(self) -> bytes:
+        """What a signature covers: checksum.sha256 (the weights, the n-gram index, the vocabulary), the
+        sha256 of adapter_config.json, and the metadata's target, draft and domain. Whoever can write to
+        MLflow can rewrite all of them and the checksums with them; only the key's holder can sign the result.
+
+        Example (one line each): "adaptive-spec adapter manifest 1", "9f2c...  adapter_model.safetensors",
+        "config 41aa...", "target_id smollm2-135m-instruct", "draft_id head", "domain sql" (or "domain ")."""
+        metadata = self.metadata()
+        checksum = self.path / CHECKSUM_FILE
+        config = self.path / CONFIG_FILE
+        lines = [
+            "adaptive-spec adapter manifest 1",
+            checksum.read_text(errors="replace").rstrip("\n") if checksum.is_file() else "",
+            f"config {sha256_file(config) if config.is_file() else ''}",
+            *(f"{key} {metadata.get(key) or ''}" for key in ("target_id", "draft_id", "domain")),
+        ]
+        return ("\n".join(lines) + "\n").encode()
+
+    def sign(self, key: str) -> None:
+        """After `seal`: write signature.hmac, an HMAC-SHA256 with `key` over `signed_manifest()`."""
+        digest = hmac.new(key.encode(), self.signed_manifest(), hashlib.sha256).hexdigest()
+        (self.path / SIGNATURE_FILE).write_text(f"{SIGNATURE_SCHEME} {digest}\n")
+
+    def check_signature(self, key: str) -> None:
+        """After `verify` (so the checksums hold): signature.hmac is there and is this key's over the manifest;
+        AdapterError with reason "signature" otherwise. Compared in constant time."""
+        file = self.path / SIGNATURE_FILE
+        if not file.is_file():
+            raise AdapterError(
+                f"{self.path}: unsigned ({SIGNATURE_FILE} missing), and this deployment signs every version",
+                "signature",
+            )
+        scheme, _, given = file.read_text(errors="replace").strip().partition(" ")
+        expected = hmac.new(key.encode(), self.signed_manifest(), hashlib.sha256).hexdigest()
+        if scheme != SIGNATURE_SCHEME or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            raise AdapterError(
+                f"{self.path}: {SIGNATURE_FILE} is not this deployment's signature: forged or changed", "signature"
+            )
 
     def checksums(self) -> dict[str, str]:
         """checksum.sha256 as {file name: sha256}, {} without one. A line without a file name is the

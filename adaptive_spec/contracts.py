@@ -26,6 +26,7 @@ TRAINER_GROUP = "adaptive-spec-trainer"  # the trainers' consumer group on the c
 TRAINER_LEADER_KEY = "adaptive_spec:trainer_leader"  # the lease: which trainer may train and promote
 TRAINER_STATUS_KEY = "adaptive_spec:trainer_status"  # JSON: what the trainer did last or waits for
 ADAPTER_EVENTS = "adaptive_spec:adapters"  # pub/sub channel: one JSON event per promote and rollback
+REGISTRY_LOCK_PREFIX = "adaptive_spec:registry_lock:"  # + registered model: one alias move at a time (registry/lock.py)
 
 STATS_PREFIX = "adaptive_spec:stats:"  # the dashboard store; every replica adds into the same keys
 STATS_EVENTS_KEY = STATS_PREFIX + "events"  # stream of swap and rollback markers
@@ -50,12 +51,14 @@ EVENT_TAG = "adaptive_spec.last_event"  # registered-model tag: the last promote
 NOT_PROMOTED_TAG = "adaptive_spec.not_promoted"  # why a queued registration left the champion alone
 OUTSIDE = "mlflow-alias"  # the `by` of an alias moved outside adaptive-spec (the MLflow UI, a client)
 
-# The domain rules, here once. A request may tag itself with any DOMAIN_TAG (service/schemas.py checks
-# it); a tag that is also an alias domain gets an adapter of its own (`champion-sql`: MLflow aliases
-# allow letters, digits, "_" and "-"), any other trains the general adapter.
+# The domain rule, here once, for every floor: a request's tag (service/schemas.py: a 400 otherwise), the
+# trainer's lineages, the registry's aliases (`champion-sql`: MLflow aliases allow letters, digits, "_" and
+# "-") and the CLI's --domain. A name no alias can carry (`sql.v2`, `a b`) is refused at the API, so no
+# request's tag is silently trained into the general adapter.
 MAX_DOMAIN_CHARS = 64
-DOMAIN_TAG_PATTERN = rf"^[A-Za-z0-9_.\-]{{1,{MAX_DOMAIN_CHARS}}}$"
-_ALIAS_DOMAIN = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
+DOMAIN_PATTERN = r"^[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*$"  # plus at most MAX_DOMAIN_CHARS characters
+DOMAIN_TAG_PATTERN = DOMAIN_PATTERN  # the name service/schemas.py knows it by
+_ALIAS_DOMAIN = re.compile(DOMAIN_PATTERN)
 
 
 def check_domain(domain: str) -> str:
@@ -101,6 +104,7 @@ VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens th
 NGRAMS_FILE = "draft_ngrams.json"  # optional: {"ngrams": [[n-gram, continuation], ...]}, in checksum.sha256
 NGRAMS_SHA_KEY = "ngrams_sha256"  # metadata key: the sha256 of NGRAMS_FILE (drafters/ngram_index.py)
 VOCAB_SHA_KEY = "vocab_sha256"  # metadata key: the sha256 of VOCAB_FILE (versions sealed before it have none)
+SIGNATURE_FILE = "signature.hmac"  # with ADAPTIVE_SPEC_SIGNING_KEY: "hmac-sha256 <hex>" over the sealed manifest
 
 
 def version_dir_name(version: int) -> str:
@@ -136,6 +140,7 @@ REDIS_URL_ENV = "REDIS_URL"
 MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 ENV_PREFIX = "ADAPTIVE_SPEC_"  # every other setting: ADAPTIVE_SPEC_<FIELD>
 DATA_DIR_ENV = ENV_PREFIX + "DATA_DIR"
+SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"  # the trainer signs versions with it, servers refuse the others
 COMPILE_ENV = ENV_PREFIX + "COMPILE"  # 0: decode eagerly (tests; a machine without a C++ compiler)
 
 

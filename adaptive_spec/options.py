@@ -28,6 +28,9 @@ from typing import Any, ClassVar, TypeVar
 from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, ENV_PREFIX
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+MIN_SECRET_CHARS = 16
+# Values that ship in examples and templates; a deployment that still holds one is open to anyone who read them.
+PLACEHOLDERS = ("changeme", "replaceme", "placeholder", "yourtoken", "yourapikey", "yoursecret", "example", "secret")
 DYNAMIC_K = "dynamic"
 
 S = TypeVar("S", bound="EnvSettings")
@@ -82,6 +85,26 @@ class EnvSettings:
                 values[field.name] = _parse(field.name, hints[field.name], raw, name)
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
+
+
+def check_secret(env_name: str, value: str) -> str:
+    """A token or key a deployment may start with: at least 16 characters, at least 6 of them distinct, and
+    no known placeholder in it; ValueError saying how to make one otherwise.
+
+        check_secret("ADAPTIVE_SPEC_ADMIN_TOKEN", "9f2c41d7a0be52e1")   # kept
+        check_secret("ADAPTIVE_SPEC_ADMIN_TOKEN", "change-me")          # refused: a placeholder, and short
+    """
+    make = "make one with `openssl rand -hex 24` (or `python -c 'import secrets; print(secrets.token_hex(24))'`)"
+    folded = "".join(c for c in value.lower() if c.isalnum())
+    found = next((word for word in PLACEHOLDERS if word in folded), None)
+    if found is not None:
+        raise ValueError(f"{env_name} holds a placeholder ({found!r} in it), not a secret: {make}")
+    if len(value) < MIN_SECRET_CHARS or len(set(value)) < 6:
+        raise ValueError(
+            f"{env_name} is too weak ({len(value)} characters, {len(set(value))} distinct): at least "
+            f"{MIN_SECRET_CHARS} characters are required; {make}"
+        )
+    return value
 
 
 def _parse(field: str, hint: Any, raw: str, env_name: str) -> Any:

@@ -6,6 +6,7 @@ commands compose serving and training (`up`, the benchmarks).
     adaptive-spec up                                           # Redis, trainer and server (cli/serving.py)
     adaptive-spec train                                        # the online trainer (cli/training.py)
     adaptive-spec adapters list                                # the adapter registry (cli/adapters.py)
+    adaptive-spec purge                                        # delete all user-derived data (cli/purge.py)
     adaptive-spec bench-drift --domain sql --json drift.json   # benchmarks (cli/benchmarks.py)
     adaptive-spec bench-intake --records 2000                  # the trainer's defaults measured (cli/studies.py)
     python -m cli COMMAND ...                          # the same, without the console script
@@ -23,7 +24,7 @@ import signal
 import sys
 
 from adaptive_spec.contracts import DATA_DIR_ENV, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
-from cli import adapters, benchmarks, generate, serving, studies, training
+from cli import adapters, benchmarks, generate, purge, serving, studies, training
 from cli.options import CommandError, resolve_draft
 
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (generate, serving, training, adapters, benchmarks, studies):
+    for group in (generate, serving, training, adapters, benchmarks, studies, purge):
         group.add_commands(commands)
     return parser
 

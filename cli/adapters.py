@@ -20,7 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-from adaptive_spec.contracts import ACTION_TAG, MODEL_NAME, REDIS_URL_ENV, champion_alias, check_domain
+from adaptive_spec.contracts import (
+    ACTION_TAG,
+    MODEL_NAME,
+    REDIS_URL_ENV,
+    champion_alias,
+    check_domain,
+    previous_alias,
+)
 
 
 def domain_name(text: str) -> str:
@@ -93,11 +100,25 @@ def cmd_adapters(args) -> int:
         return 3
     finally:
         registry.close()
+    print(describe_move(event, args.domain))
+    return 0
+
+
+def describe_move(event: dict, domain: str | None) -> str:
+    """What a promote or rollback did, from its event and the aliases it read back under the alias lock:
+    "rollback: champion 5 -> 4 (by cli:alice@host); previous none"."""
+    champion, previous = champion_alias(domain), previous_alias(domain)
     moved = (
         f"{event['from'] or 'none'} -> {event['version']}" if event.get("changed") else f"already {event['version']}"
     )
-    print(f"{event['event']}: {champion_alias(args.domain)} {moved} (by {event['by']})")
-    return 0
+    line = f"{event['event']}: {champion} {moved} (by {event['by']})"
+    after = event.get("aliases")
+    if after is None:
+        return line
+    line += f"; {previous} {after.get(previous) or 'none'}"
+    if after.get(champion) != event["version"]:
+        line += f"; but {champion} is now {after.get(champion) or 'none'} (moved outside adaptive-spec meanwhile)"
+    return line
 
 
 def _of_domain(versions, domain: str) -> list:

@@ -1,13 +1,14 @@
 """The benchmarks that compose serving and training: `bench-drift` (online training on a domain),
 `bench-swap` (the pause of an adapter hot swap), `bench-load` (users against a running server) and
-`bench-serve` (throughput and latency of servers it starts, one at a time and batched).
-The code is in benchmarks/.
+`bench-serve` (throughput and latency of servers it starts, one at a time and batched) and `bench-chaos`
+(a fleet on loopback under random faults). The code is in benchmarks/.
 
     adaptive-spec bench-drift --domain sql --budget-minutes 30 --json drift.json
     adaptive-spec bench-drift --domain python --compare-drafts head,early-exit:4 --json compare.json --plot compare.png
     adaptive-spec bench-swap --rank 16 --swaps 50
     adaptive-spec bench-load --url http://127.0.0.1:8000 --users 8 --duration-s 30
     adaptive-spec bench-serve --concurrency 1,2,4,8 --json serve.json --plot serve.png
+    adaptive-spec bench-chaos --minutes 20 --json chaos.json --plot chaos.png    # exits 1 when the bar fails
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cli.options import (
     model_options,
     model_options_of,
     non_negative_int,
+    positive_float,
     positive_int,
     prompt_file,
     raise_input,
@@ -33,6 +35,34 @@ from cli.options import (
 
 
 def add_commands(commands) -> None:
+    chaos = commands.add_parser(
+        "bench-chaos",
+        help="a fleet on loopback (2 replicas, a trainer, mlflow server, Redis) under traffic and random faults",
+        description="Start Redis, an mlflow server, two serve replicas and a trainer on loopback, send closed-loop "
+        "traffic that retries on the other replica, and inject one random fault every 20-40 s (Redis killed or "
+        "stopped, the trainer killed, MLflow down, a replica restarted, bad records, a forged version, a rollback "
+        "racing a promotion). Reports requests, records acknowledged and lost, versions promoted and refused, "
+        "swaps. See benchmarks/chaos.py.",
+    )
+    chaos.add_argument("--minutes", type=positive_float, default=20.0, help="traffic and faults (default: %(default)s)")
+    chaos.add_argument("--users", type=positive_int, default=4, help="closed-loop users (default: %(default)s)")
+    chaos.add_argument("--seed", type=int, default=0, help="which faults, when (default: %(default)s)")
+    chaos.add_argument(
+        "--faults",
+        type=fault_kinds,
+        default=None,
+        help="KIND,KIND: draw only from these (default: all of redis_kill, redis_stop, trainer_kill, mlflow_down, "
+        "replica_restart, bad_records, forged_version, rollback_race)",
+    )
+    chaos.add_argument(
+        "--target", default=None, help="a model for every process (default: a tiny random model built in code)"
+    )
+    chaos.add_argument("--draft", default="early-exit:1", help="default: %(default)s")
+    chaos.add_argument("--workdir", type=Path, default=None, help="logs and data (default: a new temporary directory)")
+    chaos.add_argument("--json", type=Path, default=None, help="write the figures and the timeline here")
+    chaos.add_argument("--plot", type=Path, default=None, help="draw the timeline with the faults marked (PNG)")
+    chaos.set_defaults(func=cmd_bench_chaos)
+
     drift = commands.add_parser(
         "bench-drift",
         help="acceptance and speed on a domain before and after online training on its traffic",
@@ -399,3 +429,35 @@ def cmd_bench_load(args) -> int:
     print(report.summary())
     write_json(args.json, report.as_dict())
     return 0 if report.errors == 0 else 1
+
+
+def cmd_bench_chaos(args) -> int:
+    from benchmarks.chaos import FAULTS, ChaosSettings, bar, plot, run_chaos, summary
+
+    settings = ChaosSettings(
+        minutes=args.minutes,
+        users=args.users,
+        seed=args.seed,
+        faults=args.faults or FAULTS,
+        target=args.target,
+        draft=args.draft,
+        workdir=args.workdir,
+    )
+    figures = run_chaos(settings)
+    figures["bar"] = bar(figures)
+    print(summary(figures))
+    write_json(args.json, figures)
+    if args.plot:
+        plot(figures, args.plot)
+        print(f"timeline drawn in {args.plot}", file=sys.stderr)
+    return 0 if all(figures["bar"].values()) else 1
+
+
+def fault_kinds(text: str) -> tuple[str, ...]:
+    from benchmarks.chaos import FAULTS
+
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in FAULTS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault {', '.join(unknown) or '(none)'}; one of {', '.join(FAULTS)}")
+    return kinds

@@ -5,7 +5,8 @@
 
 What it starts, in order, and stops in reverse on Ctrl-C or SIGTERM:
 
-1. Redis on loopback (a free port, append-only file in DATA_DIR/redis so the stream survives a
+1. Redis on loopback (a free port, a random password that only this process and its children get,
+   at most 2 GB and never evicting, append-only file in DATA_DIR/redis so the stream survives a
    restart), unless REDIS_URL is set.
 2. The HTTP server in this process (service/server.py), with the adapter registry in MLflow
    (MLFLOW_TRACKING_URI, else the sqlite file DATA_DIR/mlflow.db) and its watcher.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import signal
 import sys
 import threading
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 TRAINER_STOP_S = 60.0  # a round in progress finishes, then the trainer checkpoints
 MAX_TRAINER_RESTARTS = 5
 RESTART_PAUSE_S = 10.0
+REDIS_MAXMEMORY = "2gb"  # as the shipped compose and k8s files; noeviction (launch/redis.py)
 
 
 def run_up(settings: Settings, *, trainer: bool = True, trainer_threads: int = 1) -> int:
@@ -57,9 +60,15 @@ def run_up(settings: Settings, *, trainer: bool = True, trainer_threads: int = 1
         redis_url = settings.redis_url
         if not redis_url:
             (data_dir / "redis").mkdir(exist_ok=True)
-            redis_server = started_server(data_dir / "redis", persist=True)
+            # a password (other users of this machine reach loopback too) and a memory cap that never evicts
+            redis_server = started_server(
+                data_dir / "redis", persist=True, password=secrets.token_hex(16), maxmemory=REDIS_MAXMEMORY
+            )
             redis_url = redis_server.url
-            _say(f"started redis-server on {redis_url} (pid {redis_server.process.pid}, data in {data_dir / 'redis'})")
+            _say(
+                f"started redis-server on {redact_url(redis_url)} (pid {redis_server.process.pid}, password "
+                f"required, at most {REDIS_MAXMEMORY}, data in {data_dir / 'redis'})"
+            )
         tracking_uri = settings.mlflow_tracking_uri or sqlite_tracking_uri(data_dir)
         settings = dataclasses.replace(
             settings, data_dir=data_dir, redis_url=redis_url, mlflow_tracking_uri=tracking_uri

@@ -44,7 +44,15 @@ _running: set[RedisServer] = set()  # stopped at exit too, in case a fixture's t
 class RedisServer:
     """A redis-server child process on 127.0.0.1 with no persistence, controllable by the test."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *, persist: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        persist: bool = False,
+        password: str | None = None,
+        maxmemory: str | None = None,
+    ) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RedisNotInstalled(
@@ -54,6 +62,8 @@ class RedisServer:
         self.workdir = Path(workdir).resolve()  # redis-server resolves --logfile after moving to --dir
         self.port = port or free_port()
         self.persist = persist  # append-only file in workdir, so a restart keeps the stream (adaptive-spec up)
+        self.password = password  # requirepass; the url carries it
+        self.maxmemory = maxmemory  # e.g. "2gb", with the policy noeviction: the stream is never evicted
         self.child: Child | None = None
 
     @property
@@ -63,7 +73,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 5.0) -> None:
         assert self.child is None, "already running"
@@ -83,10 +94,16 @@ class RedisServer:
             "--logfile",
             str(log_path),
         ]
+        if self.password:
+            command += ["--requirepass", self.password]
+        if self.maxmemory:
+            command += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
         # Its own session: a Ctrl-C in the terminal reaches the parent, which stops Redis last, by pid.
         self.child = Child(command).start()
         _running.add(self)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
 
         def answers() -> bool:
             try:
@@ -138,10 +155,12 @@ def _stop_leftovers() -> None:
         server.stop()
 
 
-def started_server(workdir: Path, *, persist: bool = False) -> RedisServer:
+def started_server(
+    workdir: Path, *, persist: bool = False, password: str | None = None, maxmemory: str | None = None
+) -> RedisServer:
     """Start a server on a free port, trying again if another process took the port first."""
     for attempt in range(3):
-        server = RedisServer(workdir, persist=persist)
+        server = RedisServer(workdir, persist=persist, password=password, maxmemory=maxmemory)
         try:
             server.start()
             return server

@@ -33,6 +33,11 @@ One registration (`register`) is, in order:
    artifacts (`mlflow.register_model` refuses plain files in MLflow 3);
 3. with `promote=True`, `promote(version, domain=<the metadata's domain>)`.
 
+Signing (DESIGN.md: `ADAPTIVE_SPEC_SIGNING_KEY`): a registry given `signing_key` signs every adapter it
+registers (`AdapterDir.sign`: an HMAC-SHA256 over the checksums, the config and the model ids, in
+`signature.hmac`, uploaded with the files), and `check_signature` refuses a downloaded version without
+this key's signature. The trainer registers with the key; servers and the trainer's adoption check it.
+
 A retry after a registration that half happened does not make a second version: a version whose
 `adapter_sha256` tag equals the adapter's is reused.
 
@@ -40,6 +45,12 @@ Promotion and rollback move aliases and leave an audit trail (registry_records.a
 event_tag): tags on the version (`adaptive_spec.last_action`, `..._by`, `..._at`, `..._alias`), the
 event (with its `domain`) as the domain's registered-model tag, and the event published on
 `adaptive_spec:adapters` (registry/events.py).
+
+Every move holds the alias lock (registry/lock.py: a file lock beside a sqlite store, a Redis key for an
+`mlflow server`), so promotions and rollbacks from the trainer, the CLI and the admin API of any replica
+happen one after the other, never interleaved; a caller's condition (`promote(..., unless=...)`, the
+trainer's queue asking whether its parent is still the champion) is checked under it too. Each move reads
+the aliases back and returns them in its event (`"aliases"`), so a command says what is there afterwards.
 
 A rollback without `to` sets `champion` to `previous` and removes `previous` (per domain alike): nothing
 is known about the version before it, and a second plain rollback must not bring back the version just
@@ -51,6 +62,7 @@ The trainer's promotions reach `register` through a queue that outlives MLflow o
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import logging
@@ -58,6 +70,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, AdapterError
@@ -75,6 +88,7 @@ from adaptive_spec.contracts import (
     sqlite_tracking_uri,
 )
 from registry.events import AdapterEvents
+from registry.lock import AliasLock, LockUnavailable
 from registry.mlflow_store import open_client
 from registry.records import (
     RegisteredAdapter,
@@ -141,6 +155,7 @@ class AdapterRegistry:
         redis_url: str | None = None,
         model_name: str = MODEL_NAME,
         experiment: str = EXPERIMENT,
+        signing_key: str | None = None,
     ) -> None:
         for name, value in _MLFLOW_CLIENT_ENV.items():
             os.environ.setdefault(name, value)
@@ -149,7 +164,9 @@ class AdapterRegistry:
         self.local = self.tracking_uri.startswith(("sqlite:", "file:", "/"))
         self.model_name = model_name
         self.experiment = experiment
+        self.signing_key = signing_key  # ADAPTIVE_SPEC_SIGNING_KEY: register signs, check_signature checks
         self.events = AdapterEvents(redis_url)
+        self.lock = AliasLock(self.tracking_uri, redis_url, model_name)  # one alias move at a time
         self._client = None
         self._client_lock = threading.Lock()
         self._experiment_id: str | None = None
@@ -186,6 +203,8 @@ class AdapterRegistry:
                 version = existing[0]
                 log.info("%s is already version %s of %s", adapter_dir, version, self.model_name)
             else:
+                if self.signing_key:
+                    AdapterDir(adapter_dir).sign(self.signing_key)  # uploaded with the files it covers
                 run_id = self._log_run(adapter_dir, metadata)
                 source = self.client.get_run(run_id).info.artifact_uri.rstrip("/") + "/" + ARTIFACT_PATH
                 created = self.client.create_model_version(
@@ -197,15 +216,29 @@ class AdapterRegistry:
             self.promote(version, by=by, domain=domain)
         return version
 
-    def promote(self, version: str | int, *, by: str, action: str = "promote", domain: str | None = None) -> dict:
-        """champion <- version, previous <- the old champion (of `domain`); returns the event it published."""
+    def promote(
+        self,
+        version: str | int,
+        *,
+        by: str,
+        action: str = "promote",
+        domain: str | None = None,
+        unless: Callable[[], str | None] | None = None,
+    ) -> dict:
+        """champion <- version, previous <- the old champion (of `domain`); returns the event it published.
+
+        Under the alias lock (registry/lock.py): `unless()`, when given, is asked first, and a reason it
+        returns leaves the aliases alone (the event then says `"changed": false` and `"refused": reason`).
+        The aliases are read back after the move: the event's `"aliases"` is what they hold then."""
         version = str(version)
         champion, previous = _aliases(domain)
-        with self._mlflow(action):
+        with self._mlflow(action), self._moving(action):
             self._get_version(version)
             old = self.aliases().get(champion)
-            if old == version:  # nothing moves, nothing to record
-                return event_record(action, self.model_name, domain, version, old, by, time.time()) | {"changed": False}
+            refused = unless() if unless is not None else None
+            if refused is not None or old == version:  # nothing moves, nothing to record
+                event = event_record(action, self.model_name, domain, version, old, by, time.time())
+                return event | {"changed": False, "refused": refused, "aliases": self._read_back(domain)}
             at = self._audit(version, action, by, champion)  # before the alias moves: a watcher reads them with it
             if old is not None:
                 self.client.set_registered_model_alias(self.model_name, previous, old)
@@ -213,11 +246,12 @@ class AdapterRegistry:
             return self._record(action, version, old, by, at, domain)
 
     def rollback(self, to: str | int | None = None, *, by: str, domain: str | None = None) -> dict:
-        """champion <- `to`, or <- previous (and previous removed) when `to` is None (of `domain`)."""
+        """champion <- `to`, or <- previous (and previous removed) when `to` is None (of `domain`); under
+        the alias lock, read back like `promote`."""
         if to is not None:
             return self.promote(to, by=by, action="rollback", domain=domain)
         champion, previous = _aliases(domain)
-        with self._mlflow("rollback"):
+        with self._mlflow("rollback"), self._moving("rollback"):
             aliases = self.aliases()
             target, old = aliases.get(previous), aliases.get(champion)
             if target is None:
@@ -294,11 +328,25 @@ class AdapterRegistry:
             destination.mkdir(parents=True, exist_ok=True)
             return Path(self.client.download_artifacts(model_version.run_id, ARTIFACT_PATH, str(destination)))
 
+    def check_signature(self, adapter_dir: Path) -> None:
+        """With a signing key: the downloaded (and verified) version is signed with it, else AdapterError
+        (reason "signature"). Without one: nothing to check (the servers warn at start)."""
+        if self.signing_key:
+            AdapterDir(adapter_dir).check_signature(self.signing_key)
+
     def version_of(self, sha256: str) -> str | None:
         """The oldest version whose adapter_sha256 tag is sha256, or None."""
         with self._mlflow("find version"):
             found = self._versions_with_sha(sha256)
         return found[0] if found else None
+
+    def delete_version(self, version: str | int) -> None:
+        """Delete a version and its run (`adaptive-spec purge --registry`); its aliases go with it."""
+        with self._mlflow("delete version"), self._moving("delete version"):
+            run_id = self._get_version(str(version)).run_id
+            self.client.delete_model_version(self.model_name, str(version))
+            if run_id:
+                self.client.delete_run(run_id)
 
     def set_version_tag(self, version: str | int, key: str, value: str) -> None:
         with self._mlflow("tag version"):
@@ -317,6 +365,20 @@ class AdapterRegistry:
 
     def _mlflow(self, what: str):
         return _Translate(what, self.tracking_uri)
+
+    @contextlib.contextmanager
+    def _moving(self, what: str) -> Iterator[None]:
+        """The alias lock for one move (registry/lock.py); RegistryUnavailable when it cannot be had."""
+        try:
+            with self.lock.held(what):
+                yield
+        except LockUnavailable as exc:
+            raise RegistryUnavailable(f"{what}: {exc}") from None
+
+    def _read_back(self, domain: str | None) -> dict[str, str | None]:
+        """What the domain's two aliases hold now: {"champion": "4", "previous": None}."""
+        aliases = self.aliases()
+        return {alias: aliases.get(alias) for alias in _aliases(domain)}
 
     def _ensure_model(self, metadata: dict) -> None:
         pair = {"target_id": str(metadata.get("target_id")), "draft_id": str(metadata.get("draft_id"))}
@@ -406,12 +468,28 @@ class AdapterRegistry:
         return at
 
     def _record(self, action: str, version: str, old: str | None, by: str, at: float, domain: str | None) -> dict:
-        """The event: as the domain's tag on the registered model, then on pub/sub (best effort)."""
+        """The event: as the domain's tag on the registered model, then on pub/sub (best effort). The aliases
+        are read back first: anything but what this move wrote was written by a hand outside the lock."""
+        after = self._read_back(domain)
         tags = self.client.get_registered_model(self.model_name).tags
         pair = {"target_id": tags.get("target_id"), "draft_id": tags.get("draft_id")}
-        event = {**event_record(action, self.model_name, domain, version, old, by, at), "changed": True, **pair}
+        event = {
+            **event_record(action, self.model_name, domain, version, old, by, at),
+            "changed": True,
+            "aliases": after,
+            **pair,
+        }
         self.client.set_registered_model_tag(self.model_name, event_tag(domain), json.dumps(event))
-        log.info("%s: %s %s %s -> %s by %s", self.model_name, action, _aliases(domain)[0], old, version, by)
+        champion = _aliases(domain)[0]
+        log.info("%s: %s %s %s -> %s by %s", self.model_name, action, champion, old, version, by)
+        if after[champion] != version:
+            log.warning(
+                "%s: %s now names %s, not %s: moved meanwhile outside adaptive-spec",
+                self.model_name,
+                champion,
+                after[champion],
+                version,
+            )
         self.events.publish(event)  # best effort: watchers also poll the aliases
         return event
 

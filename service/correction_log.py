@@ -9,7 +9,20 @@
 
 submit() encodes the record and appends the bytes to a bounded in-memory queue. One daemon
 thread drains the queue in batches, each batch one pipeline of
-`XADD adaptive_spec:corrections MAXLEN ~ <maxlen> * r <bytes>`.
+`XADD adaptive_spec:corrections MAXLEN ~ <cap> * r <bytes>`.
+
+The stream is bounded twice: by a count (`maxlen`, ADAPTIVE_SPEC_STREAM_MAXLEN, 100,000) and by bytes
+(`max_bytes`, ADAPTIVE_SPEC_STREAM_MAX_BYTES, 1 GiB). Redis trims only by count, so `cap` turns the
+budget into a count from the mean size of the records this writer writes. The arithmetic: a record
+holds, per output token, its id, the proposal, the acceptance bit and the target's top-m ids and fp16
+log-probabilities (m = 16: 16 x 4 + 16 x 2 = 96 bytes), so 64 tokens make about 4.7 kB and 2,048
+tokens about 156 kB. At 4.7 kB, 100,000 records are 480 MB, under the budget; at 156 kB the count
+would allow 15.6 GB, and the budget keeps 6,880 records, 1 GiB. `MAXLEN ~` trims whole listpack nodes
+(100 entries), so the stream may exceed either cap by up to one node (15.6 MB at the largest
+records). Replicas share the stream and each applies its own cap at every write: with similar
+traffic they agree; the smallest wins while its writes come in. The shipped Redis keeps at most 2 GB
+and never evicts (ops/compose.yaml, ops/k8s): the budget leaves room for the dashboard and the
+consumer group.
 
 Faults (DESIGN.md "Behaviour under faults"):
 
@@ -52,6 +65,8 @@ from adaptive_spec.record import CorrectionRecord, record_from_output
 
 log = logging.getLogger(__name__)
 
+ENTRY_OVERHEAD = 64  # bytes a stream entry costs Redis besides its payload: its id, the field name, listpack headers
+
 
 class CorrectionLogWriter:
     def __init__(
@@ -61,12 +76,15 @@ class CorrectionLogWriter:
         maxlen: int = 100_000,
         queue_size: int = 1024,
         *,
+        max_bytes: int = 1 << 30,
         batch_size: int = 64,
         socket_timeout: float = 0.5,
         max_backoff_s: float = 2.0,
     ) -> None:
         self.stream = stream
         self.maxlen = maxlen
+        self.max_bytes = max_bytes
+        self._mean_bytes: float | None = None  # an exponential mean of the records' sizes, with the entry overhead
         self.queue_size = queue_size
         self.batch_size = batch_size
         self.max_backoff_s = max_backoff_s
@@ -235,13 +253,22 @@ class CorrectionLogWriter:
         """XADD every payload in one round trip; return those Redis refused (e.g. OOM)."""
         pipe = self._redis.pipeline(transaction=False)
         for payload in batch:
-            pipe.xadd(self.stream, {PAYLOAD_FIELD: payload}, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(self.stream, {PAYLOAD_FIELD: payload}, maxlen=self.cap(len(payload)), approximate=True)
         results = pipe.execute(raise_on_error=False)  # connection errors still raise
         failed = [payload for payload, result in zip(batch, results, strict=True) if isinstance(result, Exception)]
         if failed:
             first = next(result for result in results if isinstance(result, Exception))
             self._log_failure(first, len(failed))
         return failed
+
+    def cap(self, size: int) -> int:
+        """The MAXLEN for the next entry: `maxlen`, or fewer when the byte budget binds. Redis trims by count,
+        so the budget becomes a count through the mean entry size: max_bytes / (mean record + ENTRY_OVERHEAD).
+        Example: records of 4.7 kB (64 tokens, m = 16) under 1 GiB give 225,000, so the count cap of 100,000
+        binds (about 480 MB); records of 156 kB (2,048 tokens) give 6,880 (1 GiB)."""
+        sample = size + ENTRY_OVERHEAD
+        self._mean_bytes = sample if self._mean_bytes is None else 0.95 * self._mean_bytes + 0.05 * sample
+        return max(1, min(self.maxlen, int(self.max_bytes / self._mean_bytes)))
 
     def _on_error(self, error: Exception, batch_len: int) -> None:
         with self._lock:

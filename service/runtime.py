@@ -87,7 +87,10 @@ class Service:
         writer = stats = None
         if settings.redis_url:
             writer = CorrectionLogWriter(
-                settings.redis_url, maxlen=settings.stream_maxlen, queue_size=settings.log_queue_size
+                settings.redis_url,
+                maxlen=settings.stream_maxlen,
+                queue_size=settings.log_queue_size,
+                max_bytes=settings.stream_max_bytes,
             )
             drift = DriftSettings(settings.drift_window_s, settings.drift_fraction, settings.drift_min_drafts)
             stats = StatsRecorder(

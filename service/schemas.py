@@ -3,7 +3,7 @@
 Supported OpenAI fields: `model`, `messages` (chat) or `prompt` (completions: a string, or a
 list of token ids as OpenAI allows; a batch of one is unwrapped), `max_tokens` and its newer
 name `max_completion_tokens`, `temperature` in [0, 2] (default 1, as OpenAI; 0 is greedy),
-`top_p` in (0, 1], `seed`, `stop` (a string or up to 16), `stream`,
+`top_p` in (0, 1], `seed`, `stop` (a string or up to 16, each at most 256 characters), `stream`,
 `stream_options.include_usage`, `n` (1 to 8 choices), `user` (ignored), and:
 
 - `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
@@ -31,7 +31,8 @@ Extensions:
     is written anywhere, and nothing of it reaches Redis (not even the dashboard's counters,
     which hold its domain tag). The server's own Prometheus counters, in memory, still count it.
   - `domain` tags the request's correction record and its metrics (the `domain` label). It is
-    1-64 characters of letters, digits and `_.-`.
+    1-64 characters of letters, digits, `_` and inner `-` (adaptive_spec/contracts.py `check_domain`,
+    the rule the registry's aliases follow): `sql.v2` is a 400, never silently the general adapter.
   - `speculative: false` decodes with the target alone, through the same code: the baseline
     that speed figures are divided by (the dashboard's speedup, time to first token). The
     output is the same either way under greedy decoding; only the speed differs.
@@ -46,12 +47,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from adaptive_spec.constraints import MIN_REPETITION_PENALTY
-from adaptive_spec.contracts import DOMAIN_TAG_PATTERN
+from adaptive_spec.contracts import DOMAIN_TAG_PATTERN, MAX_DOMAIN_CHARS
 from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
 from adaptive_spec.sampling import SEED_MAX, SEED_MIN
 from adaptive_spec.tokens import CHAT_ROLES
 
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256  # each one is searched for in the text of every step: bounded like the prompt
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_LOGIT_BIAS = 300  # entries of logit_bias; each is a row of the bias vector
 TOKEN_ID = "^[0-9]{1,9}$"  # a logit_bias key
@@ -75,7 +77,7 @@ class AdaptiveSpecOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     log: StrictBool = True
-    domain: str | None = Field(None, pattern=DOMAIN_TAG_PATTERN)
+    domain: str | None = Field(None, pattern=DOMAIN_TAG_PATTERN, max_length=MAX_DOMAIN_CHARS)  # contracts.check_domain
     speculative: StrictBool = True
 
 
@@ -146,6 +148,8 @@ class _GenerationRequest(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop string is at most {MAX_STOP_CHARS} characters")
         return stops
 
     @field_validator("logit_bias")

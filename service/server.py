@@ -19,9 +19,13 @@ import uvicorn
 from service.app import create_app
 from service.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def run(settings: Settings, engine=None) -> None:
     """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0)."""
+    for warning in settings.warnings():  # what the configuration leaves open, said before anything loads
+        log.warning(warning)
     config = uvicorn.Config(
         create_app(settings, engine),
         host=settings.host,

@@ -13,17 +13,20 @@
 | redis_url | REDIS_URL | none: no correction log |
 | api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
 | admin_token | ADAPTIVE_SPEC_ADMIN_TOKEN | none: /admin refuses everything (403) |
+| signing_key | ADAPTIVE_SPEC_SIGNING_KEY | none: any registry version is served (a warning at start); set: only versions the trainer signed with it |
 | mlflow_tracking_uri | MLFLOW_TRACKING_URI | none: the adapter registry is `<data_dir>/mlflow.db` if that file exists, else off |
 | adapter_poll_s | ADAPTIVE_SPEC_ADAPTER_POLL_S | 5 s between polls of the `champion` alias (0: no watcher) |
 | max_tokens_limit, default_max_tokens | ADAPTIVE_SPEC_MAX_TOKENS, ADAPTIVE_SPEC_DEFAULT_MAX_TOKENS | 2048, 256 |
 | max_body_bytes | ADAPTIVE_SPEC_MAX_BODY_BYTES | 1 MiB |
 | max_batch | ADAPTIVE_SPEC_MAX_BATCH | 8 sequences decoding together (1: one request at a time) |
 | adapter | ADAPTIVE_SPEC_ADAPTER | none: an adapter directory to serve from the start (the registry's champion, when one is configured, replaces it) |
+| keep_versions | ADAPTIVE_SPEC_KEEP_VERSIONS | 20 downloaded versions kept in the adapter cache besides those served |
 | max_adapters | ADAPTIVE_SPEC_MAX_ADAPTERS | 8 domain adapters held at once; one more evicts the least used |
 | queue_size | ADAPTIVE_SPEC_QUEUE_SIZE | 32 requests waiting for the engine |
 | request_timeout_s | ADAPTIVE_SPEC_REQUEST_TIMEOUT_S | 300 s, from arrival, queueing included |
 | drain_timeout_s | ADAPTIVE_SPEC_DRAIN_TIMEOUT_S | 30 s to finish in-flight requests at shutdown |
 | stream_maxlen | ADAPTIVE_SPEC_STREAM_MAXLEN | 100000 records (MAXLEN ~ of the correction stream) |
+| stream_max_bytes | ADAPTIVE_SPEC_STREAM_MAX_BYTES | 1073741824 (1 GiB): the stream's byte budget, as a count from the mean record size (service/correction_log.py) |
 | log_queue_size | ADAPTIVE_SPEC_LOG_QUEUE_SIZE | 1024 records held in memory while Redis is away |
 | record_topk | ADAPTIVE_SPEC_RECORD_TOPK | 16 target top-m entries per output token |
 | stats_retention_s | ADAPTIVE_SPEC_STATS_RETENTION_S | 604800 s (7 days) of dashboard buckets in Redis (10 s buckets: at most 2 days) |
@@ -33,23 +36,26 @@
 | json_whitespace | ADAPTIVE_SPEC_JSON_WHITESPACE | `compact`: structured outputs and forced tool calls write at most one space between JSON tokens; `pretty` allows up to 8 spaces or newlines (adaptive_spec/grammar.py WHITESPACE) |
 | tool_call_parser | ADAPTIVE_SPEC_TOOL_CALL_PARSER | `hermes`: how tool calls are read from the model's output and forced (adaptive_spec/tools, TOOL_PARSERS) |
 
-Secrets (the API key, the admin token, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
+The API key, the admin token and the signing key must be at least 16 characters (6 distinct) and hold no
+known placeholder (`change-me`, ...): the server refuses to start otherwise, and says how to make one.
+Secrets (the API key, the admin token, the signing key, a password inside REDIS_URL or MLFLOW_TRACKING_URI) never appear in `repr()`,
 so logging the settings is safe. The API key and the admin token lose surrounding whitespace when read: one
 written to a file by `echo` ends in a newline that no client sends, and would never match.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url
 from adaptive_spec.grammar import WHITESPACE
-from adaptive_spec.options import EnvSettings, ModelOptions
+from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
 from adaptive_spec.tools import TOOL_PARSERS
 
-_SECRETS = ("api_key", "admin_token")
+_SECRETS = ("api_key", "admin_token", "signing_key")
 
 
 @dataclass(frozen=True, repr=False)
@@ -69,6 +75,7 @@ class Settings(ModelOptions, EnvSettings):
     redis_url: str | None = None
     api_key: str | None = None
     admin_token: str | None = None
+    signing_key: str | None = None  # versions without the trainer's signature made with it are refused
     mlflow_tracking_uri: str | None = None  # the adapter registry (service/watcher.py)
     adapter_poll_s: float = 5.0
     max_tokens_limit: int = 2048
@@ -77,10 +84,12 @@ class Settings(ModelOptions, EnvSettings):
     max_batch: int = 8
     adapter: str | None = None  # an adapter directory served from the start
     max_adapters: int = 8
+    keep_versions: int = 20  # downloaded adapter versions kept besides those served
     queue_size: int = 32
     request_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
     stream_maxlen: int = 100_000
+    stream_max_bytes: int = 1 << 30
     log_queue_size: int = 1024
     record_topk: int = 16
     stats_retention_s: int = 7 * 86400
@@ -97,6 +106,8 @@ class Settings(ModelOptions, EnvSettings):
                 if not value.strip():
                     raise ValueError(f"{name} is blank: unset it, or give a token")
                 object.__setattr__(self, name, value.strip())
+            if getattr(self, name) is not None:
+                check_secret(self.env_name(name), getattr(self, name))  # refused at start: placeholders, short ones
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.k is not None and self.k < 0:
@@ -108,6 +119,7 @@ class Settings(ModelOptions, EnvSettings):
             "max_batch",
             "queue_size",
             "stream_maxlen",
+            "stream_max_bytes",
             "log_queue_size",
         ):
             if getattr(self, name) < 1:
@@ -129,6 +141,22 @@ class Settings(ModelOptions, EnvSettings):
                 f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}"
             )
 
+    def warnings(self) -> list[str]:
+        """What this configuration leaves open, logged at start (service/server.py): /v1 without a key on an
+        address others can reach, and a registry followed without checking signatures."""
+        said = []
+        if self.api_key is None and not _loopback(self.host):
+            said.append(
+                f"serving on {self.host} without ADAPTIVE_SPEC_API_KEY: /v1 is open to anyone who reaches this "
+                "address; set a key (openssl rand -hex 24), or bind to 127.0.0.1"
+            )
+        if self.signing_key is None:
+            said.append(
+                "ADAPTIVE_SPEC_SIGNING_KEY is not set: this server serves whatever version the registry's champion "
+                "alias names, signed or not; give it and the trainer the same key to refuse forged versions"
+            )
+        return said
+
     def __repr__(self) -> str:
         shown = []
         for f in fields(self):
@@ -139,3 +167,13 @@ class Settings(ModelOptions, EnvSettings):
                 value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(shown)})"
+
+
+def _loopback(host: str) -> bool:
+    """127.0.0.1, ::1 and localhost: only this machine can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

@@ -38,6 +38,9 @@ from adaptive_spec.status import TrainerStatusRecord
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
 MAX_POINTS = 2200  # a series never has more points: 6 h of 10 s, 24 h of 60 s, 7 days of 600 s
+# Bucket hashes one request may read: 7 days of 60 s buckets (10,080) pass, 2 days of 10 s ones (17,280) do not. Before
+# this cap, 31 days at a step of 1220 s (a multiple of 10 only) read 267,840 10 s buckets, most long expired.
+MAX_BUCKETS = 12_000
 FIELDS = (
     "requests",
     "tokens",
@@ -72,19 +75,44 @@ class StatsQueries:
 
     def resolution_for(self, start: float, end: float, step: int | None = None) -> tuple[int, int]:
         """(bucket size read, step returned). A given step is read from the coarsest buckets that
-        make it up; otherwise the finest buckets still retained that give at most MAX_POINTS."""
+        make it up; otherwise the finest buckets still retained that give at most MAX_POINTS. Either way
+        the buckets read, counted over what retention still keeps (`read_window`), are at most MAX_BUCKETS:
+        ValueError says which step to use otherwise.
+
+        Example: 31 days at step 1220 s: only 10 s buckets make up 1220 s, 10 s buckets live 2 days, so it
+        would read 17,280: refused ("use a multiple of 60"); at step 1800 it reads 4,464 of 600 s."""
         if step is not None:
             if step % RESOLUTIONS[0] or (end - start) / step > MAX_POINTS:
                 raise ValueError(f"step must be a multiple of {RESOLUTIONS[0]} s giving at most {MAX_POINTS} points")
-            return next(r for r in reversed(RESOLUTIONS) if step % r == 0), step
+            resolution = next(r for r in reversed(RESOLUTIONS) if step % r == 0)
+            if self.buckets_read(start, end, resolution) > MAX_BUCKETS:
+                raise ValueError(
+                    f"step {step} s is read from {resolution} s buckets: {self.buckets_read(start, end, resolution)} "
+                    f"of them, over the {MAX_BUCKETS} one request may read; use a multiple of "
+                    f"{next(r for r in RESOLUTIONS if r > resolution)} s"
+                )
+            return resolution, step
         now = time.time()
         for resolution in RESOLUTIONS:
             if (end - start) / resolution <= MAX_POINTS and start >= now - self._ttl(resolution) - resolution:
                 return resolution, resolution
         return RESOLUTIONS[-1], RESOLUTIONS[-1] * max(1, math.ceil((end - start) / RESOLUTIONS[-1] / MAX_POINTS))
 
+    def read_window(self, start: float, end: float, resolution: int) -> tuple[float, float]:
+        """The part of [start, end) where buckets of `resolution` can exist: not expired, not in the future."""
+        now = time.time()
+        return max(start, now - self._ttl(resolution) - resolution), min(end, now + resolution)
+
+    def buckets_read(self, start: float, end: float, resolution: int) -> int:
+        first, last = self.read_window(start, end, resolution)
+        return max(0, math.ceil(last / resolution) - int(first // resolution))
+
     def read_buckets(self, start: float, end: float, resolution: int) -> list[tuple[int, dict[str, float]]]:
-        """[(bucket start, {field: value})] for every bucket overlapping [start, end), oldest first."""
+        """[(bucket start, {field: value})] for every bucket overlapping [start, end) that retention still
+        keeps (none past it is read), oldest first."""
+        start, end = self.read_window(start, end, resolution)
+        if start >= end:
+            return []
         first = int(start // resolution * resolution)
         starts = list(range(first, math.ceil(end), resolution))  # b < end: int(end) would drop the bucket under way
         pipe = self.redis.pipeline(transaction=False)

@@ -42,7 +42,8 @@ domain and nothing changes (the served adapter stays; the refusal is logged and 
 2. download V's artifacts into `cache_dir/vV-<sha>` (reason "missing" when the registry has no
    files for it);
 3. verify: the weights hash to V's `adapter_sha256` tag and to `checksum.sha256` (reason
-   "checksum");
+   "checksum"); with ADAPTIVE_SPEC_SIGNING_KEY, V carries the trainer's signature made with that key
+   (reason "signature": unsigned, forged, or changed after signing);
 4. `Engine.load_adapter`: LoRA shapes against the draft's modules (rank, target modules), merged into
    a new slot, then swapped under the step lock and the old slot dropped (reason "incompatible"
    or "corrupt" when it refuses).
@@ -51,6 +52,9 @@ A refused version is not tried again until its alias moves elsewhere and back (`
 (domain, version) -> reason). The champion alias removed (or the registered model gone) unloads to
 the base draft; a domain's alias removed unloads that domain's slot. MLflow unreachable: the served
 adapters stay and the watcher retries at the next poll (`adaptive_spec:adapter_registry_errors_total`).
+
+After each swap the cache of downloaded versions is pruned to those the engine holds plus the
+`keep_versions` (ADAPTIVE_SPEC_KEEP_VERSIONS, 20) most recent (`prune_cache`).
 
 Each swap is counted (`adaptive_spec:adapter_swaps_total{kind}`, every domain alike), its pause (how
 long decoding was held) is the gauge `adaptive_spec:adapter_swap_pause_seconds`, and
@@ -106,8 +110,10 @@ class AdapterWatcher:
         events: AdapterEvents | None = None,
         metrics=None,
         on_swap=None,
+        keep_versions: int = 20,
     ) -> None:
         self.engine = engine
+        self.keep_versions = keep_versions  # downloaded versions kept besides those served (prune_cache)
         self.registry = registry
         self.cache_dir = Path(cache_dir)
         self.poll_s = poll_s
@@ -246,6 +252,7 @@ class AdapterWatcher:
             adapter = AdapterDir(final)
             adapter.verify(expected_sha256=sha)
             adapter.check_models(self.engine.target_id, self.engine.draft_id)
+            self.registry.check_signature(final)  # with ADAPTIVE_SPEC_SIGNING_KEY: the trainer's signature
         except AdapterError:
             shutil.rmtree(final, ignore_errors=True)  # never reuse bad files; a fixed artifact downloads again
             raise
@@ -255,6 +262,7 @@ class AdapterWatcher:
 
     def _swapped(self, swap: Swap, by: str | None, path: Path | None) -> None:
         self.swaps.append(swap)
+        self.prune_cache()
         log.info(
             "%s adapter %s -> %s (by %s): decoding held %.2f ms",
             _label(swap.domain),
@@ -271,6 +279,19 @@ class AdapterWatcher:
                 self.on_swap(swap.kind, swap.version, by, path, domain=swap.domain)
             except Exception:  # a dashboard marker must never undo or block a swap
                 log.exception("on_swap failed after the swap to %s", swap.version)
+
+    def prune_cache(self) -> list[str]:
+        """Delete downloaded versions but those the engine holds and the `keep_versions` most recent; returns
+        the names deleted. They hold n-gram indexes and vocabularies of user traffic: kept no longer than used."""
+        held = {version for version in self.engine.adapters.versions().values() if version is not None}
+        cached = sorted(
+            (path for path in self.cache_dir.glob("v*-*") if path.is_dir()), key=lambda p: p.stat().st_mtime
+        )
+        old = cached[: -self.keep_versions] if self.keep_versions else cached
+        deleted = [path.name for path in old if path.name.split("-", 1)[0][1:] not in held]
+        for name in deleted:
+            shutil.rmtree(self.cache_dir / name, ignore_errors=True)
+        return deleted
 
     def _refuse(self, domain: str | None, version: str, refusal: AdapterError) -> None:
         self.refused[(domain, version)] = refusal.reason
@@ -349,7 +370,9 @@ def open_registry(settings) -> AdapterRegistry | None:
         uri = sqlite_tracking_uri(settings.data_dir)
     if uri is None:
         return None
-    return AdapterRegistry(uri, data_dir=settings.data_dir, redis_url=settings.redis_url)
+    return AdapterRegistry(
+        uri, data_dir=settings.data_dir, redis_url=settings.redis_url, signing_key=settings.signing_key
+    )
 
 
 def start_watcher(
@@ -381,6 +404,7 @@ def start_watcher(
         events=registry.events,
         metrics=metrics,
         on_swap=on_swap,
+        keep_versions=settings.keep_versions,
     ).start()
     if not watcher.first_check.wait(first_check_s):
         log.warning(

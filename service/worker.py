@@ -4,7 +4,8 @@ between it and asyncio handlers.
     worker = EngineWorker(engine, queue_size=32, max_batch=8, on_end=service.request_ended)
     worker.start()
     job = Job(prompt_ids, params, deadline=time.monotonic() + 300)
-    worker.submit(job)                      # Rejected("queue_full") when 32 are already waiting
+    place = worker.reserve()                # Rejected("queue_full") when 32 are already waiting or admitted
+    worker.submit(job, place)               # ... taken before the request is tokenised
     chunk = await job.next_event(request)   # engine Chunks, in order; the last one carries the output
     worker.close(timeout=30)                # refuse new jobs, finish the queued ones, stop
 
@@ -58,6 +59,18 @@ class Rejected(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Reservation:
+    """A place in the engine's queue (`EngineWorker.reserve`); released once, by `submit` or by its holder."""
+
+    def __init__(self, worker: EngineWorker) -> None:
+        self._worker: EngineWorker | None = worker
+
+    def release(self) -> None:
+        if self._worker is not None:
+            self._worker._give_back()
+            self._worker = None
 
 
 class Ended(Exception):
@@ -158,6 +171,8 @@ class EngineWorker:
         self.on_end = on_end
         self.on_step = on_step
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._places = threading.Lock()  # the queue's places taken by requests still being checked
+        self._reserved = 0
         self._closing = False
         self._active: dict[Row, tuple[Job, int]] = {}  # the jobs decoding now and the choice, by row
         self._waiting: Job | None = None  # taken from the queue, waiting for room for its n rows
@@ -171,7 +186,27 @@ class EngineWorker:
         else:
             threading.Thread(target=self._run, name="engine-worker", daemon=True).start()
 
-    def submit(self, job: Job) -> None:
+    def reserve(self) -> Reservation:
+        """A place in the queue, taken before the request is tokenised and its grammar compiled: with the
+        queue full (queued jobs plus places already taken), Rejected("queue_full") costs nothing more. Hand
+        it to `submit`, or `release` it when the request turns out bad."""
+        if self.died is not None:
+            raise Rejected("engine_dead")
+        if self._closing:
+            raise Rejected("shutting_down")
+        with self._places:
+            if self._queue.qsize() + self._reserved >= self._queue.maxsize:
+                raise Rejected("queue_full")
+            self._reserved += 1
+        return Reservation(self)
+
+    def _give_back(self) -> None:
+        with self._places:
+            self._reserved -= 1
+
+    def submit(self, job: Job, reservation: Reservation | None = None) -> None:
+        if reservation is not None:
+            reservation.release()  # its place is this job's now
         if self.died is not None:
             raise Rejected("engine_dead")
         if self._closing:

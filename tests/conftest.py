@@ -127,21 +127,17 @@ def make_record():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The 4-layer random Llama of tests/helpers/tiny.py with the character-level chat
-    tokenizer of tests/helpers/tiny_chat.py, saved once, for tests that start `adaptive-spec`
-    processes on a local model directory."""
-    from tiny import tiny_target
-    from tiny_chat import tiny_tokenizer
+    tokenizer of tests/helpers/tiny_chat.py (benchmarks/tiny_model.py), saved once, for tests
+    that start `adaptive-spec` processes on a local model directory."""
+    from benchmarks.tiny_model import save_tiny_model
 
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_target(0).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on a free loopback port for one test module, stopped by its process
-    group (tests/helpers/registry_support.py). A test may stop and start it to play an outage."""
+    group (launch/mlflow.py). A test may stop and start it to play an outage."""
     from registry_support import MlflowServer
 
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))

@@ -19,6 +19,8 @@ building the command line's parser loads no trainer code.
 | gate_min_positions, gate_confidence | ADAPTIVE_SPEC_GATE_MIN_POSITIONS, ... | 128 held-out positions before the first decision, 0.99 (trainer/evaluation/decision.py) |
 | max_domains | ADAPTIVE_SPEC_MAX_DOMAINS | 8 domains with an adapter of their own; 0: one general adapter |
 | checkpoint_every_s, budget_s | ADAPTIVE_SPEC_CHECKPOINT_EVERY_S, _BUDGET_S | 30 s; none: until a signal |
+| keep_versions | ADAPTIVE_SPEC_KEEP_VERSIONS | 20 version directories kept, besides every one an alias names |
+| signing_key | ADAPTIVE_SPEC_SIGNING_KEY | none: versions are registered unsigned (a warning at start) |
 | retry_s, lease_ttl_s, lease_stall_s | ADAPTIVE_SPEC_RETRY_S, _LEASE_TTL_S, _LEASE_STALL_S | 10 s between registrations while MLflow is down; 10 s lease, let go after 300 s without progress |
 
 `k` (of the model options) is not the trainer's: it trains the draft, whatever k serves it.
@@ -26,12 +28,12 @@ building the command line's parser loads no trainer code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
-from adaptive_spec.options import EnvSettings, ModelOptions
+from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,15 @@ class TrainerSettings(ModelOptions, EnvSettings):
     retry_s: float = 10.0  # between registration attempts while MLflow is down
     lease_ttl_s: float = 10.0  # a standby takes over this long after the leader stops renewing
     lease_stall_s: float = 300.0  # ... which it does once the main loop made no progress for this long
+    keep_versions: int = 20  # version directories kept besides every aliased one (the rest are deleted)
+    signing_key: str | None = field(
+        default=None, repr=False
+    )  # sign every registered version with it (servers refuse unsigned ones)
+
+    def __post_init__(self) -> None:
+        if self.signing_key is not None:
+            object.__setattr__(self, "signing_key", self.signing_key.strip())
+            check_secret(self.env_name("signing_key"), self.signing_key)
 
     def argv(self, *, k: bool = False) -> list[str]:
         """The flags of a child `adaptive-spec train` with these settings: the model options, the data

@@ -1,4 +1,5 @@
-"""The ops dashboard: the page (`GET /dashboard`, assets from `ops/dashboard/`) and its JSON API.
+"""The ops dashboard: the page (`GET /dashboard`, assets from `service/static/dashboard/`, package data that
+every install carries) and its JSON API.
 
     open http://127.0.0.1:8000/dashboard
     curl -s 'localhost:8000/api/stats/series?from=1700000000&to=1700003600'   # step chosen by range
@@ -8,15 +9,21 @@
 
 Times are unix seconds; `to` defaults to now and `from` to an hour before `to`. Without `step`
 the finest stored buckets that give at most `MAX_POINTS` points are used (24 h -> 60 s buckets,
-1440 points), so the page stays fast whatever the range. The figures and their formulas are in
+1440 points), so the page stays fast whatever the range. A given `step` is read from the coarsest
+buckets that make it up, only where retention still keeps them, and a request reading more than
+`MAX_BUCKETS` (12,000) bucket hashes is a 400 `too_many_buckets` that names a step to use. Reads run on
+two threads of their own, never on the pool that admits /v1 requests. The figures and their formulas are in
 `service/stats_queries.py`. Like /metrics, these routes need no key and show no request content.
 Without REDIS_URL there is no store: the API answers 503 and the page says why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -24,14 +31,13 @@ import redis
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.concurrency import run_in_threadpool
 
 from service.errors import APIError, bad_request
 from service.finite import finite
 from service.stats_queries import MAX_POINTS, RESOLUTIONS, TARGET_ALONE, figures
 from service.stats_store import StatsRecorder
 
-ASSETS = Path(__file__).resolve().parents[2] / "ops" / "dashboard"
+ASSETS = Path(__file__).resolve().parents[1] / "static" / "dashboard"  # package data (pyproject.toml)
 MAX_RANGE_S = 31 * 86400
 DEFAULT_RANGE_S = 3600
 
@@ -53,7 +59,7 @@ async def page() -> FileResponse:
     if not index.is_file():
         raise APIError(
             404,
-            f"dashboard assets not found at {ASSETS} (they live in the repository's ops/dashboard)",
+            f"dashboard assets not found at {ASSETS} (package data of `service`: reinstall adaptive-spec)",
             code="not_found",
         )
     return FileResponse(index, headers={"Cache-Control": "no-cache"})
@@ -78,6 +84,10 @@ async def series(
             "step",
             code="too_many_points",
         )
+    try:
+        stats.resolution_for(start, end, step)  # what it would read, counted before anything is read
+    except ValueError as exc:
+        raise bad_request(str(exc), "step", code="too_many_buckets") from None
     return _json(await _read(stats.series, start, end, step))
 
 
@@ -178,9 +188,14 @@ def _range(start: float | None, end: float | None) -> tuple[float, float]:
     return start, end
 
 
+_READS = ThreadPoolExecutor(2, thread_name_prefix="stats-read")  # never the pool /v1 admission runs on
+
+
 async def _read(function, *args):
+    """`function(*args)` on the dashboard's own two threads: a burst of costly reads waits for them, while the
+    pool that checks and tokenises /v1 requests stays free."""
     try:
-        return await run_in_threadpool(function, *args)
+        return await asyncio.get_running_loop().run_in_executor(_READS, functools.partial(function, *args))
     except (redis.RedisError, OSError) as exc:
         raise APIError(
             503, f"the stats store (Redis) is unavailable: {type(exc).__name__}", code="stats_unavailable"

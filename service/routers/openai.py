@@ -7,7 +7,9 @@
 
 A request is checked (schema, model, limits, prompt length, and by the engine itself: penalties,
 logit bias, a response_format's schema, compiled here) before it is queued, so bad input gets its
-400 at once; then it waits for the engine thread (429 when the queue is full). Its `n` choices
+400 at once; then it waits for the engine thread. The 429 (queue full) comes first of all, before the
+prompt is tokenised and a grammar compiled: a place in the queue is reserved, and given back if the
+request turns out bad. Its `n` choices
 decode as n rows of the batch that share one prefill. With `stream: true` the response starts
 once the first decoding step is done, so an error found until then still gets its own status;
 after that, an error ends the stream with an OpenAI-shaped `data: {"error": ...}` event and
@@ -123,26 +125,16 @@ async def _generate(
     forced = calling is not None and calling.forced
     if forced:
         params["response_format"] = calling.response_format(engine.json_whitespace)
-    prompt_ids = await run_in_threadpool(
-        _checked, engine, prompt, params, "messages" if kind == CHAT else "prompt", tools, forced
-    )
-
-    options = body.adaptive_spec
-    job = service.new_job(prompt_ids, params, log_record=options.log, domain=options.domain, n=body.num_choices)
+    place = _admit(service)  # the 429 comes before tokenisation and grammar compiling, which cost the most
     try:
-        service.worker.submit(job)
-    except Rejected as exc:
-        service.metrics.requests_rejected.labels(exc.reason).inc()
-        if exc.reason == "queue_full":
-            raise APIError(
-                429,
-                f"the server is busy: {settings.queue_size} requests are already waiting; retry later",
-                code="queue_full",
-                headers={"Retry-After": "1"},
-            ) from None
-        if exc.reason == "engine_dead":
-            raise _ended(Ended(exc.reason)) from None
-        raise APIError(503, "the server is shutting down", code="shutting_down") from None
+        prompt_ids = await run_in_threadpool(
+            _checked, engine, prompt, params, "messages" if kind == CHAT else "prompt", tools, forced
+        )
+        options = body.adaptive_spec
+        job = service.new_job(prompt_ids, params, log_record=options.log, domain=options.domain, n=body.num_choices)
+        _submit(service, lambda: service.worker.submit(job, place))
+    finally:
+        place.release()  # a bad request gives its place back; submit has taken it otherwise
 
     fmt = Formatter(
         kind,
@@ -173,6 +165,28 @@ async def _generate(
         chunk = await _next(job, request)
     ordered = [outputs[index] for index in range(job.n)]
     return JSONResponse(fmt.completion(ordered, len(prompt_ids)), headers=headers)
+
+
+def _admit(service: Service):
+    """A place in the engine's queue (service/worker.py `reserve`), or the 429 / 503 at once."""
+    return _submit(service, service.worker.reserve)
+
+
+def _submit(service: Service, call):
+    try:
+        return call()
+    except Rejected as exc:
+        service.metrics.requests_rejected.labels(exc.reason).inc()
+        if exc.reason == "queue_full":
+            raise APIError(
+                429,
+                f"the server is busy: {service.settings.queue_size} requests are already waiting; retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+        if exc.reason == "engine_dead":
+            raise _ended(Ended(exc.reason)) from None
+        raise APIError(503, "the server is shutting down", code="shutting_down") from None
 
 
 def _checked(

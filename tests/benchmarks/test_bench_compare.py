@@ -51,7 +51,12 @@ def test_two_drafts_side_by_side_with_their_cost(tiny_model_dir, prompts, redis_
         assert draft["draft_forwards_timed"] > 0 and draft["target_forwards_timed"] > 0
         assert sum(window["requests"] for window in draft["live"]) == draft["traffic_prompts_served"]
     printed = capsys.readouterr().out
-    assert "draft step / target step" in printed and "tokens verified / step" in printed and "head@tree:6" in printed and "early-exit:1" in printed
+    assert (
+        "draft step / target step" in printed
+        and "tokens verified / step" in printed
+        and "head@tree:6" in printed
+        and "early-exit:1" in printed
+    )
     assert png.stat().st_size > 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from launch.processes import free_port
 
@@ -65,7 +66,12 @@ def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, t
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     redis_pid = trainer_pid = None
     try:
-        redis_pid = int(_wait_for(log, r"started redis-server on \S+ \(pid (\d+)", process, 60).group(1))
+        started = _wait_for(
+            log, r"started redis-server on redis://\*\*\*@127\.0\.0\.1:(\d+)/0 \(pid (\d+)", process, 60
+        )
+        redis_port, redis_pid = int(started.group(1)), int(started.group(2))
+        with pytest.raises(redis.AuthenticationError):  # its Redis requires the password only up and its children have
+            redis.Redis(port=redis_port).ping()
         trainer_pid = int(_wait_for(log, r"started the trainer \(pid (\d+)\)", process, 120).group(1))
         banner = _wait_for(log, r"chat\s+(http://\S+/v1/chat/completions)", process, 30)
         assert re.search(rf"dashboard\s+http://127\.0\.0\.1:{port}/dashboard", log.read_text())

@@ -94,7 +94,8 @@ def test_the_files_parse_and_run_both_commands_that_the_design_needs():
 def test_every_command_is_a_real_cli_line_with_known_environment(where, command, env):
     args = parse(command)
     assert args.command in {"serve", "train"}
-    unknown = set(env) - KNOWN_ENV
+    helpers = {name for value in env.values() if value for name in re.findall(r"\$\((\w+)\)", value)}  # k8s $(NAME)
+    unknown = set(env) - KNOWN_ENV - helpers
     assert not unknown, f"{where}: environment names no code reads: {unknown}"
     assert {"REDIS_URL", "MLFLOW_TRACKING_URI"} <= set(env), f"{where}: needs Redis and MLflow"
     if args.command == "serve":
@@ -154,10 +155,15 @@ def test_ports_and_addresses_agree():
     assert any(
         e.get("value") == f"http://127.0.0.1:{port}/v1" for c in pod["spec"]["containers"] for e in c.get("env", [])
     )
-    secret_refs = [e["valueFrom"]["secretKeyRef"] for e in sidecar["env"] if "valueFrom" in e]
-    secrets = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Secret"}
-    for ref in secret_refs:
-        assert ref["key"] in secrets[ref["name"]]["stringData"]
+    created = re.search(r"kubectl create secret generic (\S+)((?:.|\n)*?)kubectl apply", K8S.read_text())
+    assert created, "the manifest says how to create its Secret"
+    made_keys = set(re.findall(r"--from-literal=([\w-]+)=", created.group(2)))
+    for doc in docs:
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            for e in container.get("env", []):
+                if "valueFrom" in e:  # every secret a container reads is one the command above creates
+                    ref = e["valueFrom"]["secretKeyRef"]
+                    assert ref["name"] == created.group(1) and ref["key"] in made_keys, (container["name"], ref)
     for _, _, env in adaptive_spec_containers():
         redis_url, mlflow_url = urlsplit(env["REDIS_URL"]), urlsplit(env["MLFLOW_TRACKING_URI"])
         assert redis_url.hostname == "redis" and mlflow_url.hostname == "mlflow"
@@ -219,7 +225,8 @@ def test_routes_the_runbook_names_exist(live_server, tiny_engine, redis_url):
 
 
 def test_the_chart_library_is_vendored_at_a_pinned_version():
-    vendor = OPS / "dashboard" / "vendor"
+    dashboard = OPS.parent / "service" / "static" / "dashboard"
+    vendor = dashboard / "vendor"
     readme = (vendor / "README.md").read_text()
     version = re.search(r"uPlot \*\*(\d+\.\d+\.\d+)\*\*", readme).group(1)
     assert f"npm pack uplot@{version}" in readme
@@ -227,5 +234,49 @@ def test_the_chart_library_is_vendored_at_a_pinned_version():
     for name in ("uPlot.iife.min.js", "uPlot.min.css"):
         digest = hashlib.sha256((vendor / name).read_bytes()).hexdigest()
         assert f"| {name} | {digest} |" in readme, f"{name} changed without its README line"
-    page = (OPS / "dashboard" / "index.html").read_text() + (OPS / "dashboard" / "dashboard.js").read_text()
+    page = (dashboard / "index.html").read_text() + (dashboard / "dashboard.js").read_text()
     assert not re.search(r"https?://(?!127\.0\.0\.1)", page.replace("http://www.w3.org", "")), "no external URLs"
+
+
+def test_no_secret_values_ship_and_redis_and_mlflow_are_not_open():
+    """Issue 30, item 5: the manifest carries no Secret (applying it never overwrites real ones) and no
+    placeholder values; Redis requires a password that every REDIS_URL carries, keeps at most maxmemory and
+    never evicts; compose publishes neither Redis nor MLflow on the host; k8s NetworkPolicies let only the
+    sidecars and the trainer reach them."""
+    docs = k8s_docs()
+    assert not [doc for doc in docs if doc["kind"] == "Secret"]
+    for path in (K8S, COMPOSE):
+        assert "change-me" not in path.read_text().lower()
+    services = compose()["services"]
+    assert "ports" not in services["redis"] and "ports" not in services["mlflow"]
+    redis_commands = {
+        "compose": services["redis"]["command"],
+        "k8s": next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "redis")["spec"][
+            "template"
+        ]["spec"]["containers"][0]["args"],
+    }
+    for where, command in redis_commands.items():
+        flags = {command[i]: command[i + 1] for i in range(len(command) - 1)}
+        assert flags.get("--requirepass", "").startswith("$"), where  # from the environment or the Secret
+        assert flags.get("--maxmemory") and flags.get("--maxmemory-policy") == "noeviction", where
+    for where, _, env in adaptive_spec_containers():
+        assert urlsplit(env["REDIS_URL"]).password, f"{where}: REDIS_URL without the Redis password"
+        assert "ADAPTIVE_SPEC_SIGNING_KEY" in env, f"{where}: versions must be signed and checked"
+
+    labels = {
+        doc["metadata"]["name"]: doc["spec"]["template"]["metadata"]["labels"]["app"]
+        for doc in docs
+        if doc["kind"] == "Deployment"
+    }
+    policies = {doc["spec"]["podSelector"]["matchLabels"]["app"]: doc for doc in docs if doc["kind"] == "NetworkPolicy"}
+    for guarded in ("redis", "mlflow"):
+        policy = policies[guarded]["spec"]
+        assert policy["policyTypes"] == ["Ingress"]
+        allowed = {
+            value
+            for rule in policy["ingress"]
+            for source in rule["from"]
+            for expression in source["podSelector"]["matchExpressions"]
+            for value in expression["values"]
+        }
+        assert allowed == {labels["app"], labels["adaptive-spec-trainer"]}, guarded

@@ -70,7 +70,7 @@ from registry.events import AdapterEvents
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
-API_KEY, ADMIN_TOKEN = "fleet-api-key", "fleet-admin-token"
+API_KEY, ADMIN_TOKEN = "fleet-api-key-61d0c7a2", "fleet-admin-token-e54b"
 SWAP_BOUND_S = 10.0  # every replica on a new champion within 10 s of its promotion or rollback: ops' bound
 # the monitor sees a swap when a /health call returns (up to 1 s each): a change that stood less than
 # the bound plus that long may have been followed in time and seen only after the next change

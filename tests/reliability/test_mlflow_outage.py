@@ -4,7 +4,7 @@ the promotion waits and is retried, and it lands in the running server when MLfl
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/reliability/test_mlflow_outage.py -q -s   (about 60 s)
 
-Real parts: `mlflow server` (tests/helpers/registry_support.py, stopped and restarted on the same port and
+Real parts: `mlflow server` (launch/mlflow.py, stopped and restarted on the same port and
 database), `adaptive-spec serve` as a child process whose watcher follows the champion alias on
 that server (poll 0.5 s, plus the Redis pub/sub event), a redis-server, and closed-loop HTTP
 traffic throughout. The trainer's side is PendingRegistrations, as `adaptive-spec train` builds it;

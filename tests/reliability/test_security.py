@@ -236,3 +236,43 @@ def test_stream_and_dashboard_retention_are_bounded(serve_process, redis_server,
         assert 0 < ttl <= 7 * 86400, f"{key} ({kind}) never expires"
     assert any(kind == "hash" for kind, _ in keys.values()), "the dashboard wrote no bucket: nothing was checked"
     assert STATS_ADAPTERS_KEY in keys, "the served adapter's figures were not kept: that key was not checked"
+
+
+@pytest.mark.parametrize(
+    "name, value, said",
+    [
+        ("ADAPTIVE_SPEC_ADMIN_TOKEN", "change-me", "holds a placeholder"),
+        ("ADAPTIVE_SPEC_API_KEY", "short-key-1", "is too weak (11 characters"),
+        ("ADAPTIVE_SPEC_SIGNING_KEY", "aaaaaaaaaaaaaaaaaaaa", "is too weak (20 characters, 1 distinct)"),
+    ],
+)
+def test_weak_tokens_and_placeholders_are_refused_at_start(serve_process, tmp_path, name, value, said):
+    """The shipped manifest's `change-me` (and any short or one-letter token) stops the server before it loads
+    anything, with a message that says how to make a real one."""
+    server = ServeProcess(tmp_path, tmp_path / "never-loaded", {name: value}, [])
+    server.launch()
+    assert server.wait(60) == 2
+    log = server.log()
+    assert f"adaptive-spec: error: {name} {said}" in log and "openssl rand -hex 24" in log, log[-2000:]
+    assert value not in log.replace(f"{name} {said}", "")  # the refused value itself is never echoed
+
+
+def test_serving_beyond_loopback_without_an_api_key_warns(tmp_path, tiny_model_dir):
+    """`serve --host 0.0.0.0` with no ADAPTIVE_SPEC_API_KEY says, before it loads anything, that /v1 is open;
+    the same server on loopback does not (nor does one with a key). It is stopped before it binds."""
+    said = "without ADAPTIVE_SPEC_API_KEY: /v1 is open to anyone who reaches this address"
+    logs = {}
+    for case, env, args in (
+        ("open", {}, ["--host", "0.0.0.0"]),
+        ("keyed", {"ADAPTIVE_SPEC_API_KEY": API_KEY}, ["--host", "0.0.0.0"]),
+        ("loopback", {}, []),
+    ):
+        (tmp_path / case).mkdir()
+        server = ServeProcess(tmp_path / case, tiny_model_dir, env, args)
+        server.launch()
+        try:
+            server.wait_until(lambda s=server: "ADAPTIVE_SPEC_SIGNING_KEY is not set" in s.log(), 60, "its warnings")
+        finally:
+            server.stop()
+        logs[case] = server.log()
+    assert said in logs["open"] and said not in logs["keyed"] and said not in logs["loopback"]

@@ -195,11 +195,11 @@ def test_no_registry_is_503(live_server, target, tmp_path):
 def test_a_token_read_with_a_trailing_newline_still_matches(live_server, target, tmp_path):
     """`echo $TOKEN > file` then ADAPTIVE_SPEC_ADMIN_TOKEN=$(cat file)... or a k8s Secret made from that
     file: the configured token ends in a newline that no client sends. Read stripped, it matches."""
-    settings = {"data_dir": tmp_path, "admin_token": f"  {TOKEN}\n", "api_key": "s3cret-key\r\n"}
+    settings = {"data_dir": tmp_path, "admin_token": f"  {TOKEN}\n", "api_key": "s3cret-key-7c41e09d\r\n"}
     with live_server(Engine(target, "early-exit:1", k=3), **settings) as server:
         assert server.service.settings.admin_token == TOKEN
         # past the token check: this server has no registry
         assert_error(httpx.get(server.url + "/admin/adapters", headers=auth()), 503, "no_registry")
         assert_error(httpx.get(server.url + "/admin/adapters", headers=auth(TOKEN + "x")), 401, "invalid_admin_token")
-        models = httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer s3cret-key"})
+        models = httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer s3cret-key-7c41e09d"})
         assert models.status_code == 200

@@ -590,11 +590,11 @@ def test_opted_out_request_leaves_no_record(server, tiny_engine, redis_client):
 
 
 def test_api_key_guards_v1_only(live_server, tiny_engine):
-    with live_server(tiny_engine, api_key="s3cret-key") as server:
+    with live_server(tiny_engine, api_key="s3cret-key-7c41e09d") as server:
         body = {"model": tiny_engine.target_id, "prompt": PROMPT, "max_tokens": 4}
         assert_error(httpx.post(server.url + "/v1/completions", json=body), 401, code="invalid_api_key")
         assert_error(httpx.get(server.url + "/v1/models", headers={"authorization": "Bearer nope"}), 401)
-        response = client(server, api_key="s3cret-key").completions.create(**body)
+        response = client(server, api_key="s3cret-key-7c41e09d").completions.create(**body)
         assert len(response.choices[0].model_extra["token_ids"]) == 4
         assert httpx.get(server.url + "/health").status_code == 200
         assert httpx.get(server.url + "/metrics").status_code == 200
@@ -613,20 +613,23 @@ def test_settings_from_the_environment_hide_secrets():
         "ADAPTIVE_SPEC_K": "3",
         "ADAPTIVE_SPEC_MAX_TOKENS": "64",
         "REDIS_URL": "redis://:hunter2@localhost:6379/0",
-        "ADAPTIVE_SPEC_API_KEY": "key-123",
-        "ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456",
+        "ADAPTIVE_SPEC_API_KEY": "key-123-a8c2e4f1",
+        "ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456-b93d07e2",
     }
     settings = Settings.from_env(environ, host="0.0.0.0")
     assert (settings.port, settings.k, settings.max_tokens_limit, settings.host) == (9001, 3, 64, "0.0.0.0")
     assert settings.redis_url == "redis://:hunter2@localhost:6379/0"
     shown = repr(settings)
-    assert "hunter2" not in shown and "key-123" not in shown and "tok-456" not in shown
+    assert "hunter2" not in shown and "key-123-a8c2e4f1" not in shown and "tok-456-b93d07e2" not in shown
     assert "redis://***@localhost:6379/0" in shown
     assert Settings.from_env({}).k is None and Settings.from_env({"ADAPTIVE_SPEC_K": "dynamic"}).k is None
     read_from_files = Settings.from_env(
-        {"ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456\n", "ADAPTIVE_SPEC_API_KEY": " key-123\n"}
+        {"ADAPTIVE_SPEC_ADMIN_TOKEN": "tok-456-b93d07e2\n", "ADAPTIVE_SPEC_API_KEY": " key-123-a8c2e4f1\n"}
     )
-    assert (read_from_files.admin_token, read_from_files.api_key) == ("tok-456", "key-123")  # as clients send them
+    assert (read_from_files.admin_token, read_from_files.api_key) == (
+        "tok-456-b93d07e2",
+        "key-123-a8c2e4f1",
+    )  # as clients send them
     with pytest.raises(ValueError, match="admin_token is blank"):
         Settings(admin_token=" \n")  # not silently "no token", which would open /v1 for an API key
     with pytest.raises(ValueError, match="ADAPTIVE_SPEC_PORT"):

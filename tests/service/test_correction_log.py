@@ -54,6 +54,26 @@ def test_maxlen_caps_the_stream(redis_url, redis_client, make_record):
     assert maxlen <= length <= maxlen + 100
 
 
+def test_a_byte_budget_caps_the_stream_whatever_the_count_allows(redis_url, redis_client, make_record):
+    """Issue 30, item 6: records of about 4.7 kB each (64 tokens, m = 16) under a 1 MB budget and a count cap
+    of 100,000: the stream holds about 1 MB (plus at most one trimmed node of 100 entries), not all 1,000."""
+    budget = 1_000_000
+    writer = CorrectionLogWriter(redis_url, stream=STREAM, maxlen=100_000, queue_size=5000, max_bytes=budget)
+    records = [make_record(i, n_out=64, m=16) for i in range(8)]
+    size = max(len(record.encode()) for record in records)
+    try:
+        for i in range(1000):
+            writer.submit(records[i % len(records)])
+        assert writer.flush(timeout=20)
+    finally:
+        writer.close()
+    held = sum(len(fields[PAYLOAD_FIELD.encode()]) for _, fields in redis_client.xrange(STREAM))
+    length = redis_client.xlen(STREAM)
+    print(f"\n1000 records of ~{size} B under a {budget} B budget: {length} entries, {held} B of payload")
+    assert 4 < size / 1000 < 6 and assert_accounted(writer, 1000)["written"] == 1000
+    assert held <= budget + 100 * size and length < 1000  # before the budget: all 1000, 4.7 MB
+
+
 def test_invalid_record_is_dropped_not_raised(redis_url, redis_client, make_record):
     writer = CorrectionLogWriter(redis_url, stream=STREAM)
     broken = make_record(1)

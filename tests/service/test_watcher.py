@@ -380,3 +380,17 @@ def test_a_dead_watcher_makes_health_503_while_requests_are_still_answered(
         assert complete(server)["choices"][0]["token_ids"]  # until a restart, what it serves is still exact
     died = [r for r in caplog.records if "adapter watcher died" in r.getMessage()]
     assert died and died[0].exc_info is not None
+
+
+def test_downloaded_versions_are_pruned_to_those_served_and_the_most_recent(target, adapters, registry, tmp_path):
+    """Issue 30, item 6: a server's adapter cache (their n-gram indexes and vocabularies come from user traffic)
+    keeps what the engine holds plus `keep_versions` more, however many versions it followed."""
+    engine = engine_for(target)
+    watcher = AdapterWatcher(engine, registry, tmp_path / "cache", keep_versions=1)  # driven by hand
+    for name in ("good1", "good2", "good3"):
+        registry.register(adapters[name], by="trainer:test")
+        assert watcher.check() == "swapped"
+    registry.rollback(to="1", by="cli:alice@host")
+    assert watcher.check() == "swapped"
+    cached = sorted(path.name.split("-")[0] for path in (tmp_path / "cache").iterdir())
+    assert cached == ["v1"] and engine.adapter_version == "1"  # held now, and the most recent download

@@ -34,7 +34,7 @@ import socket
 import threading
 from pathlib import Path
 
-from adaptive_spec.contracts import PENDING_FILE, redact_url
+from adaptive_spec.contracts import ADAPTERS_DIR, PENDING_FILE, SIGNING_KEY_ENV, redact_url
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,21 @@ def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) 
         client.close()
         return {"leader": False}
     lease.keep(on_lost=stop.set)  # another trainer took it: stop like on SIGTERM
-    registry = AdapterRegistry(settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url)
+    registry = AdapterRegistry(
+        settings.tracking_uri, data_dir=data_dir, redis_url=settings.redis_url, signing_key=settings.signing_key
+    )
+    if not settings.signing_key:
+        log.warning(
+            "%s is not set: versions are registered unsigned, and servers cannot tell them from forged ones",
+            SIGNING_KEY_ENV,
+        )
     pending = PendingRegistrations(
-        registry, data_dir / PENDING_FILE, by=f"trainer:{consumer}", retry_s=settings.retry_s
+        registry,
+        data_dir / PENDING_FILE,
+        by=f"trainer:{consumer}",
+        retry_s=settings.retry_s,
+        versions_dir=data_dir / ADAPTERS_DIR,
+        keep_versions=settings.keep_versions,
     ).start()
     stream = CorrectionStream(client, consumer=consumer)
     trainer = build_trainer(

@@ -77,6 +77,10 @@ class RegistryChampion:
     def download(self, version: str, destination: Path) -> Path:
         return self.registry.download(version, destination)
 
+    def check_signature(self, downloaded: Path) -> None:
+        """AdapterError unless the version is signed with the deployment's key (when it has one)."""
+        self.registry.check_signature(downloaded)
+
     def version_of(self, sha256: str) -> str | None:
         """The oldest version holding these weights, or None."""
         return self.registry.version_of(sha256)
@@ -275,6 +279,7 @@ class Champion:
             with tempfile.TemporaryDirectory(prefix=".adopt-", dir=self.versions.root) as staging:
                 downloaded = self.source.download(served.version, Path(staging))
                 AdapterDir(downloaded).verify(expected_sha256=served.sha256)  # as a server verifies it
+                self.source.check_signature(downloaded)  # never train (and sign) from a forged version
                 self.trainer.load(downloaded)  # checks the LoRA's shape; a fresh optimiser
                 local = self.versions.find(served.sha256) or self._install(downloaded, served)
             self.registry_versions[version_dir_name(local)] = served.version

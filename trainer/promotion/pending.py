@@ -18,13 +18,17 @@ promoting it, tagged `adaptive_spec.not_promoted` with the reason, so an operato
 promote it by hand. The trainer itself follows the registry (trainer/promotion/champion.py): once nothing of
 its own is queued, whatever the registry serves is the champion it adopts, trains from and gates
 against. The check runs after the version is created (its artifacts uploaded: a second or more),
-right before the alias moves, so a rollback made during the upload stands. What is left: an
-operator action landing between the check and the alias move (two MLflow calls) is overwritten.
+under the registry's alias lock (registry/lock.py) with the move itself, so a rollback made during the
+upload stands, and one made at the same moment lands either before the check (the entry is not promoted)
+or after the move (it rolls the entry back).
 
 A domain's adapter (its metadata says `"domain": "sql"`, trainer/loop/domains.py) moves that domain's
 aliases (`champion-sql`, `previous-sql`), and the check compares its parent with `champion-sql`, or
 with `champion` while the domain has no alias of its own (its requests draft with the general
 adapter, which is what its first version was trained from).
+
+Retention: once the queue is empty, the trainer's version directories are pruned to the last
+`keep_versions` (ADAPTIVE_SPEC_KEEP_VERSIONS, 20) plus every one an alias names (`prune`).
 
 Tests (MLflow server stopped and started, real Redis): `.venv/bin/python -m pytest
 tests/registry/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
@@ -32,15 +36,17 @@ tests/registry/test_registry.py tests/reliability/test_mlflow_outage.py -q`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir
-from adaptive_spec.contracts import NOT_PROMOTED_TAG
+from adaptive_spec.adapters import AdapterDir, trainer_versions
+from adaptive_spec.contracts import NOT_PROMOTED_TAG, SHA_TAG
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -69,8 +75,19 @@ class PendingRegistrations:
     turn, v0005 (trained from v0004) no longer matches and stays a plain version.
     """
 
-    def __init__(self, registry: AdapterRegistry, queue_file: Path, *, by: str = "trainer", retry_s: float = 10.0):
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        queue_file: Path,
+        *,
+        by: str = "trainer",
+        retry_s: float = 10.0,
+        versions_dir: Path | None = None,
+        keep_versions: int = 20,
+    ):
         self.registry = registry
+        self.versions_dir = versions_dir  # the trainer's vNNNN directories, pruned after each registration
+        self.keep_versions = keep_versions
         self.queue_file = Path(queue_file)
         self.by = by
         self.retry_s = retry_s
@@ -106,18 +123,22 @@ class PendingRegistrations:
             while True:
                 queue = self.pending()
                 if not queue:
+                    self.prune()
                     return 0
                 entry = queue[0]
                 try:
                     version = self.registry.register(Path(entry["path"]), by=self.by, promote=False)
                     domain = AdapterDir(entry["path"]).metadata().get("domain") or None  # register read it too
-                    abandoned = self._abandoned(entry, domain)  # after the upload, right before the alias moves
-                    if abandoned is None:
-                        self.registry.promote(version, by=self.by, domain=domain)
-                    else:
-                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, abandoned)
+                    event = self.registry.promote(  # the check runs under the alias lock, right before the move
+                        version, by=self.by, domain=domain, unless=functools.partial(self._abandoned, entry, domain)
+                    )
+                    if event.get("refused"):
+                        self.registry.set_version_tag(version, NOT_PROMOTED_TAG, event["refused"])
                         log.warning(
-                            "registered %s as version %s without promoting it: %s", entry["path"], version, abandoned
+                            "registered %s as version %s without promoting it: %s",
+                            entry["path"],
+                            version,
+                            event["refused"],
                         )
                         self.not_promoted.append(version)
                     self.registered.append(version)
@@ -134,6 +155,40 @@ class PendingRegistrations:
                     if queue and queue[0] == entry:
                         queue.pop(0)
                     self._write(queue)
+
+    def prune(self) -> list[str]:
+        """Delete the trainer's version directories but the last `keep_versions`, those an alias of the registry
+        names (any domain's champion or previous, matched by their weights' sha256) and those still queued;
+        returns the names deleted. A directory holds the n-gram index and vocabulary of the traffic it was
+        trained on, so they go with it. MLflow down: nothing is deleted (what is aliased is unknown)."""
+        if self.versions_dir is None:
+            return []
+        versions = trainer_versions(self.versions_dir)
+        old = list(versions)[: -self.keep_versions] if self.keep_versions else list(versions)
+        if not old:
+            return []
+        try:
+            aliased = {self.registry.get(version).sha256 for version in set(self.registry.aliases().values())}
+        except (RegistryUnavailable, RegistryError) as exc:
+            log.info("not pruning version directories: %s", exc)
+            return []
+        queued = {str(Path(entry["path"]).resolve()) for entry in self.pending()}
+        deleted = []
+        for number in old:
+            adapter = versions[number]
+            if str(adapter.path.resolve()) in queued or adapter.metadata().get(SHA_TAG) in aliased:
+                continue
+            shutil.rmtree(adapter.path, ignore_errors=True)
+            deleted.append(adapter.name)
+        if deleted:
+            kept = self.keep_versions
+            log.info(
+                "pruned %d version directories (%s); kept the last %d and every aliased one",
+                len(deleted),
+                ", ".join(deleted),
+                kept,
+            )
+        return deleted
 
     def _abandoned(self, entry: dict, domain: str | None) -> str | None:
         """Why the entry must not move its champion alias (an operator moved it off its parent), or None."""
