@@ -14,6 +14,7 @@ import uuid
 
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.engine import Engine, GenerationOutput
+from adaptive_spec.request import Request
 from registry.client import AdapterRegistry
 from service.correction_log import CorrectionLogWriter
 from service.drift import DriftSettings
@@ -128,14 +129,13 @@ class Service:
         if self.stats is not None:
             self.stats.mark(kind, version, by, adapter_dir=adapter_dir, domain=domain)
 
-    def new_job(self, prompt_ids: list[int], params: dict, *, log_record: bool, domain: str | None, n: int = 1) -> Job:
-        """A job for the worker; its id names the response and the correction records (one per choice)."""
+    def new_job(self, requests: list[Request], *, log_record: bool) -> Job:
+        """A job for the worker: one checked request per choice (Engine.requests); its id names the
+        response and the correction records (one per choice)."""
         return Job(
-            prompt_ids,
-            {**params, "domain": domain},
+            requests,
             deadline=time.monotonic() + self.settings.request_timeout_s,
-            meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record, "domain": domain},
-            n=n,
+            meta={"request_id": uuid.uuid4().hex, "created": int(time.time()), "log": log_record},
         )
 
     def request_ended(self, job: Job, output: GenerationOutput | None, index: int = 0) -> None:
@@ -143,7 +143,7 @@ class Service:
         if output is None:
             self.metrics.requests_cancelled.labels(job.cancel_reason or "unknown").inc()
             return
-        domain = job.meta["domain"]
+        domain = job.requests[0].domain
         self.metrics.observe(
             output.stats,
             domain=domain,
@@ -156,8 +156,8 @@ class Service:
             self.stats.record(
                 output.stats,
                 domain=domain,
-                greedy=job.params.get("temperature", 0.0) == 0.0,
-                speculative=job.params.get("speculative", True),
+                greedy=job.requests[0].params.greedy,
+                speculative=job.requests[0].speculative,
             )
         if self.writer is None or not job.meta["log"]:
             return
@@ -172,5 +172,5 @@ class Service:
             domain=domain,
             target_id=self.engine.target_id,
             draft_id=self.engine.draft_id,
-            temperature=job.params["temperature"],
+            temperature=job.requests[0].params.temperature,
         )

@@ -3,7 +3,7 @@ between it and asyncio handlers.
 
     worker = EngineWorker(engine, queue_size=32, max_batch=8, on_end=service.request_ended)
     worker.start()
-    job = Job(prompt_ids, params, deadline=time.monotonic() + 300)
+    job = Job(engine.requests(prompt_ids, n=2), deadline=time.monotonic() + 300)
     place = worker.reserve()                # Rejected("queue_full") when 32 are already waiting or admitted
     worker.submit(job, place)               # ... taken before the request is tokenised
     chunk = await job.next_event(request)   # engine Chunks, in order; the last one carries the output
@@ -47,6 +47,7 @@ from typing import Any
 
 from adaptive_spec.batch import Row
 from adaptive_spec.engine import Chunk, GenerationOutput, InputError
+from adaptive_spec.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,9 @@ class Ended(Exception):
 
 @dataclass(eq=False)
 class Job:
-    prompt_ids: list[int]
-    params: dict[str, Any]  # keyword arguments of Engine.request
+    requests: list[Request]  # one per choice (Engine.requests): rows that share the prompt's prefill
     deadline: float  # time.monotonic() after which the job is stopped
-    meta: dict[str, Any] = field(default_factory=dict)  # whatever on_end needs: request id, domain, ...
-    n: int = 1  # choices: rows that share the prompt's prefill; each chunk says its choice (Chunk.index)
+    meta: dict[str, Any] = field(default_factory=dict)  # whatever on_end needs: the request id, ...
     arrived: float = field(default_factory=time.monotonic)
     cancel_reason: str | None = None
     finished: bool = False  # the final chunk of every choice was posted
@@ -98,6 +97,15 @@ class Job:
         self._events: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
         self._next_poll = 0.0  # when next_event next asks whether the client is still there
+
+    @property
+    def n(self) -> int:
+        """Choices; each chunk says its own (Chunk.index)."""
+        return len(self.requests)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.requests[0].prompt_ids)
 
     def cancel(self, reason: str) -> None:
         """Ask the worker to stop this job after the current step. The first reason given sticks."""
@@ -317,7 +325,7 @@ class EngineWorker:
                 self._waiting = job  # first in line once rows free up
                 return True
             try:
-                rows = batch.add_group(self.engine.requests(job.prompt_ids, job.n, **job.params))
+                rows = batch.add_group(job.requests)
             except InputError as exc:
                 job.post(exc)
                 continue

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
+from adaptive_spec.request import Request as EngineRequest
 from adaptive_spec.textstream import IncrementalText
 from adaptive_spec.tokens import encode_prompt
 from adaptive_spec.tools import ToolCallStream
@@ -127,11 +128,18 @@ async def _generate(
         params["response_format"] = calling.response_format(engine.json_whitespace)
     place = _admit(service)  # the 429 comes before tokenisation and grammar compiling, which cost the most
     try:
-        prompt_ids = await run_in_threadpool(
-            _checked, engine, prompt, params, "messages" if kind == CHAT else "prompt", tools, forced
-        )
         options = body.adaptive_spec
-        job = service.new_job(prompt_ids, params, log_record=options.log, domain=options.domain, n=body.num_choices)
+        requests = await run_in_threadpool(
+            _checked,
+            engine,
+            prompt,
+            {**params, "domain": options.domain},
+            body.num_choices,
+            "messages" if kind == CHAT else "prompt",
+            tools,
+            forced,
+        )
+        job = service.new_job(requests, log_record=options.log)
         _submit(service, lambda: service.worker.submit(job, place))
     finally:
         place.release()  # a bad request gives its place back; submit has taken it otherwise
@@ -152,7 +160,7 @@ async def _generate(
             _Choice(index, fmt, IncrementalText(engine, body.stop), params["logprobs"], fmt.tool_calls_reader())
             for index in range(job.n)
         ]
-        events = _stream(job, chunk, fmt, choices, body.include_usage, len(prompt_ids))
+        events = _stream(job, chunk, fmt, choices, body.include_usage, job.prompt_tokens)
         return StreamingResponse(
             events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
         )
@@ -164,7 +172,7 @@ async def _generate(
                 break
         chunk = await _next(job, request)
     ordered = [outputs[index] for index in range(job.n)]
-    return JSONResponse(fmt.completion(ordered, len(prompt_ids)), headers=headers)
+    return JSONResponse(fmt.completion(ordered, job.prompt_tokens), headers=headers)
 
 
 def _admit(service: Service):
@@ -190,12 +198,18 @@ def _submit(service: Service, call):
 
 
 def _checked(
-    engine: Engine, prompt, params: dict, prompt_param: str, tools: list[dict] | None = None, forced: bool = False
-) -> list[int]:
-    """The prompt's token ids, once the engine has accepted the request: a bad value, or a
-    response_format (or a forced tool call's grammar) the grammar library cannot compile, is a 400
-    before anything is queued. Compiling here also caches the grammar for the worker thread. Runs
-    on a worker thread. `tools` go to the chat template (service/tool_calls.py)."""
+    engine: Engine,
+    prompt,
+    params: dict,
+    n: int,
+    prompt_param: str,
+    tools: list[dict] | None = None,
+    forced: bool = False,
+) -> list[EngineRequest]:
+    """The engine's requests for the `n` choices, built once here and queued as they are: a bad
+    value, or a response_format (or a forced tool call's grammar) the grammar library cannot
+    compile, is a 400 before anything is queued. Runs on a worker thread, not the event loop.
+    `tools` go to the chat template (service/tool_calls.py)."""
     try:
         if tools:
             prompt_ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size, engine.max_context, tools=tools)
@@ -204,7 +218,7 @@ def _checked(
     except ValueError as exc:  # InputError, or a tokenizer without a chat template
         raise bad_request(str(exc), param=prompt_param) from None
     try:
-        engine.request(prompt_ids, **params)
+        return engine.requests(prompt_ids, n, **params)
     except InputError as exc:
         message = str(exc)
         if forced and message.startswith("response_format"):  # the grammar is the tools' schemas
@@ -218,7 +232,6 @@ def _checked(
             f"response_format is not available for this model: the grammar library cannot read its tokenizer ({exc})",
             param="response_format",
         ) from None
-    return prompt_ids
 
 
 async def _next(job: Job, request: Request):

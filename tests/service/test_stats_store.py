@@ -127,14 +127,15 @@ def test_resolution_fits_the_range(redis_url, span, resolution, step):
 
 def test_series_of_24_hours_reads_minute_buckets_with_every_request(redis_client, redis_url):
     stats = recorder(redis_url)
-    end = T0 + 86400
+    start = T0 + 3600 - 86400  # the last 24 h: the series reads no bucket past now
+    end = start + 86400
     for i in range(0, 86400, 97):  # one request every 97 s, all of it inside the range
-        stats.record(request_stats([(3, 1)], "2"), domain="d", greedy=True, ended_at=T0 + i)
+        stats.record(request_stats([(3, 1)], "2"), domain="d", greedy=True, ended_at=start + i)
         if i % 97_00 == 0:
             stats.flush()  # as the background thread would: pending buckets are bounded
     stats.flush()
     assert stats.counts["dropped_keys"] == 0
-    series = stats.series(T0, end, step=60)
+    series = stats.series(start, end, step=60)
     assert series["resolution"] == 60 and len(series["t"]) == 1440
     assert sum(n or 0 for n in series["by_version"]["2"]["requests"]) == len(range(0, 86400, 97))
 
