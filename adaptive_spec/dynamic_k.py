@@ -54,6 +54,22 @@ copying 3 of the match's tokens gives 2.95 / 47 ms = 63 tok/s, so the row copies
 free alpha of 0.2 it drafts one token with the model instead. A free source whose matches stop being accepted gets
 a low estimate of its own and stops being used, without dragging the model's estimate down.
 
+Draft trees (`Engine(tree_budget=N)`, drafters/tree.py) use the same rule with k as the tree's depth:
+a tree of depth k holds `tree_nodes(k)` = min(N, 4k) nodes, so a row feeds the target 1 + min(N, 4k)
+tokens, and `expected_tokens` runs over the tree's acceptance by depth (the share of steps whose path
+reached depth d that kept a token there, higher than a chain's at the same depth because each level
+offers 4 candidates). Worked example with the compiled bf16 step of the default model on this CPU
+(2026-11-26, `bench --compare-paths`: a target forward over 1 row of 1 / 5 / 9 / 17 tokens costs
+22.6 / 24.0 / 26.7 / 31.3 ms, 8 rows of 1 / 5 tokens 31.8 / 45.5 ms), a head forward assumed at 3 ms
+per depth, budget 16, and a trained head accepted [0.8, 0.6, 0.4] by depth:
+
+- 1 row: k=0 gives 1 / 22.6 ms = 44 tok/s; k=1 (4 nodes) 1.8 / (3 + 24.0) ms = 67 tok/s; k=2
+  (8 nodes) 2.28 / (6 + 26.7) ms = 70 tok/s; k=3 (12 nodes, about 29 ms) 2.47 / (9 + 29) ms = 65
+  tok/s. So depth 2, 8 nodes: 1.6x plain decoding.
+- 8 rows: k=0 gives 8 / 31.8 ms = 252 tok/s; k=1 gives 14.4 / (3 + 45.5) ms = 297 tok/s; k=2 needs
+  8 x 9 tokens, over 60 ms, for 18.2 tokens: under 290 tok/s. So depth 1, and at a lower acceptance
+  or a larger batch, no tree at all: the tree shrinks as the batch grows, down to plain decoding.
+
 Acceptance belongs to the text and to the adapter: the policy keeps an estimate per key, a
 (domain, adapter version) pair, so a chatty domain whose drafts do not pay does not drag down a
 code domain whose drafts do. Each row starts from its key's estimate (or, for a key not seen

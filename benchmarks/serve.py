@@ -73,6 +73,7 @@ class ServeBenchSettings(ModelOptions):
     rounds: int = 3  # the window of a level split into this many visits per server, in alternating order
     max_batch: int = 8
     configs: tuple[str, ...] = CONFIGS
+    long_prompt_tokens: int = 4096  # the long-prompt case (`long_prompt`); 0: skip it
     cli: tuple[str, ...] = (sys.executable, "-m", "cli")  # how to start `adaptive-spec`
 
 
@@ -120,7 +121,7 @@ class Level:
         tokens = sum(r.tokens for r in ok)
         latencies = [r.latency_s for r in ok]
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        tpots = [(r.latency_s - r.ttft_s) / (r.tokens - 1) for r in ok if r.ttft_s is not None and r.tokens > 1]
+        tpots = _tpots(ok)
         elapsed = self.elapsed_s or math.nan
         return {
             "config": self.config,
@@ -199,9 +200,15 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
             for config in configs:
                 figures[config, users] = levels[config, users].figures(reference)
                 log(run_line(figures[config, users]))
+        long_prompt = None
+        if settings.long_prompt_tokens > 0:
+            config = configs[-1]  # batched speculative, when it runs
+            log(f"long prompt: {settings.long_prompt_tokens} tokens among short requests, on {config}")
+            long_prompt = asyncio.run(_long_prompt_case(urls[config], config, items, settings))
     runs = [figures[config, users] for config in configs for users in settings.concurrency]
     return {
         "runs": runs,
+        "long_prompt": long_prompt,
         "identical": bool(runs) and all(run["identical"] for run in runs),
         "prompts": len(items),
         "max_new_tokens": settings.max_new_tokens,
@@ -363,9 +370,14 @@ async def _one(
     client: httpx.AsyncClient, url: str, model: str, item: PromptItem, index: int, max_tokens: int, speculative: bool
 ) -> Reply:
     path, body = _body(item, model, max_tokens, speculative, stream=True)
+    return await _streamed(client, url + path, body, index)
+
+
+async def _streamed(client: httpx.AsyncClient, url: str, body: dict, index: int) -> Reply:
+    """One streamed request to `url`, read to its end."""
     reply = Reply(index, time.monotonic())
     try:
-        async with client.stream("POST", url + path, json=body) as response:
+        async with client.stream("POST", url, json=body) as response:
             reply.status = response.status_code
             if response.status_code != 200:
                 reply.error = (await response.aread()).decode(errors="replace")[:300]
@@ -390,6 +402,55 @@ async def _one(
         reply.status, reply.error = None, type(exc).__name__
     reply.latency_s = time.monotonic() - reply.sent
     return reply
+
+
+LONG_PROMPT_IDS = range(20, 100)  # token ids every vocabulary here holds (the tiny test models have 112)
+
+
+async def _long_prompt_case(url: str, config: str, items: list[PromptItem], settings: ServeBenchSettings) -> dict:
+    """Short closed-loop users on one server for a window, twice: alone, then with one long prompt (token
+    ids, `long_prompt_tokens` of them) sent a fifth of the way in. The figure is the short requests' p99
+    time per output token: over the quiet window, and over the requests that were decoding while the long
+    prompt was prefilled (sent before its first token, answered after it was sent). Chunked prefill
+    (adaptive_spec/prefill.py) is what keeps the second near the first."""
+    users = max(1, min(max(settings.concurrency), settings.max_batch - 1))  # a row left for the long prompt
+    window = max(settings.duration_s / settings.rounds, 5.0)
+    speculative = _speculative(config)
+    ids = [LONG_PROMPT_IDS[i % len(LONG_PROMPT_IDS)] for i in range(settings.long_prompt_tokens)]
+
+    async def long_one() -> Reply:
+        await asyncio.sleep(window / 5)
+        async with httpx.AsyncClient(timeout=3600) as client:
+            model = await model_name(client, url)
+            body = {"model": model, "prompt": ids, "max_tokens": 8, "temperature": 0.0, "stream": True}
+            body |= {"stream_options": {"include_usage": True}, "adaptive_spec": {"speculative": speculative}}
+            return await _streamed(client, url + "/v1/completions", body, -1)
+
+    quiet = await _closed_loop(url, items, users, window, settings, speculative)
+    busy, long = await asyncio.gather(_closed_loop(url, items, users, window, settings, speculative), long_one())
+    prefilled_by = long.sent + (long.ttft_s if long.ttft_s is not None else long.latency_s)
+    during = [r for r in busy if r.sent < prefilled_by and r.sent + r.latency_s > long.sent]
+    return {
+        "config": config,
+        "users": users,
+        "prompt_tokens": settings.long_prompt_tokens,
+        "status": long.status,
+        "error": long.error or None,
+        "ttft_s": _round(long.ttft_s if long.ttft_s is not None else math.nan),
+        "short_requests_during": len(during),
+        "short_tpot_p99_s_quiet": _round(percentile(_tpots(quiet), 99)),
+        "short_tpot_p99_s_during": _round(percentile(_tpots(during), 99)),
+        "short_errors": sum(r.status != 200 for r in quiet + busy),
+    }
+
+
+def _tpots(replies: list[Reply]) -> list[float]:
+    """Each answered reply's time per output token after its first: (latency - ttft) / (tokens - 1)."""
+    return [
+        (r.latency_s - r.ttft_s) / (r.tokens - 1)
+        for r in replies
+        if r.status == 200 and r.ttft_s is not None and r.tokens > 1
+    ]
 
 
 async def _counters(url: str) -> dict[str, float]:

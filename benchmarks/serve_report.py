@@ -23,6 +23,17 @@ def format_report(result: dict) -> str:
                 f"{users} users: batched speculative {run['output_tok_s'] / base['output_tok_s']:.2f}x "
                 f"one at a time, {run['output_tok_s'] / plain['output_tok_s']:.2f}x batched target alone"
             )
+    long = result.get("long_prompt")
+    if long:
+        if long["status"] != 200:
+            lines.append(f"long prompt of {long['prompt_tokens']} tokens: failed ({long['status']}: {long['error']})")
+        else:
+            lines.append(
+                f"long prompt of {long['prompt_tokens']} tokens among {long['users']} users on {long['config']}: first "
+                f"token after {long['ttft_s']} s; the short requests' p99 time per output token "
+                f"{long['short_tpot_p99_s_during']} s while it was prefilled ({long['short_requests_during']} requests) "
+                f"against {long['short_tpot_p99_s_quiet']} s without it"
+            )
     lines.append(f"identical to the target alone in every run: {result['identical']}")
     return "\n".join(lines)
 

@@ -223,6 +223,15 @@ def add_commands(commands) -> None:
         default="one_at_a_time,batched_plain,batched_speculative",
         help="which configurations, comma-separated (default: all three)",
     )
+    serve.add_argument(
+        "--long-prompt-tokens",
+        type=non_negative_int,
+        default=4096,
+        metavar="N",
+        help="after the levels, one prompt of N tokens sent among short requests on the last configuration: the "
+        "short ones' p99 time per output token while it is prefilled, against without it; 0 skips it (default: "
+        "%(default)s)",
+    )
     serve.add_argument("--json", type=Path, metavar="FILE", help="write the figures to FILE")
     serve.add_argument("--plot", type=Path, metavar="FILE.png", help="draw tokens/s and p50 latency against users")
     model_options(serve)
@@ -400,6 +409,7 @@ def cmd_bench_serve(args) -> int:
         rounds=args.rounds,
         max_batch=args.max_batch,
         configs=configs,
+        long_prompt_tokens=args.long_prompt_tokens,
     )
     items = load_prompts(args.prompts or shipped("chat"))
     figures = run_serve_bench(settings, items, log=lambda line: print(line, file=sys.stderr, flush=True))
@@ -408,7 +418,8 @@ def cmd_bench_serve(args) -> int:
     if args.plot:
         plot(figures, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0 if figures["identical"] and not any(run["errors"] for run in figures["runs"]) else 1
+    long_failed = figures["long_prompt"] is not None and figures["long_prompt"]["status"] != 200
+    return 0 if figures["identical"] and not any(run["errors"] for run in figures["runs"]) and not long_failed else 1
 
 
 def cmd_bench_load(args) -> int:

@@ -63,6 +63,8 @@ def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model
         "8",
         "--max-batch",
         "4",
+        "--long-prompt-tokens",
+        "150",
         "--json",
         str(out),
         "--plot",
@@ -91,5 +93,10 @@ def test_bench_serve_runs_every_configuration_and_writes_the_contract(tiny_model
     for run in speculative:  # from the replies' usage.spec_decode
         assert run["mean_acceptance_length"] >= 1.0 and run["tokens_verified_per_step"] > 0
         assert run["acceptance_by_depth"] and all(0 <= rate <= 1 for rate in run["acceptance_by_depth"])
+    long = figures["long_prompt"]  # one prompt of 150 token ids among 3 short users on batched_speculative
+    assert long["status"] == 200 and long["prompt_tokens"] == 150 and long["config"] == "batched_speculative"
+    assert long["users"] == 3 and long["ttft_s"] > 0 and long["short_errors"] == 0
+    assert long["short_tpot_p99_s_quiet"] > 0 and long["short_requests_during"] >= 0
+    assert "long prompt of 150 tokens among 3 users" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "batched speculative" in result.stdout
