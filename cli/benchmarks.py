@@ -42,7 +42,7 @@ def add_commands(commands) -> None:
         "traffic that retries on the other replica, and inject one random fault every 20-40 s (Redis killed or "
         "stopped, the trainer killed, MLflow down, a replica restarted, bad records, a forged version, a rollback "
         "racing a promotion). Reports requests, records acknowledged and lost, versions promoted and refused, "
-        "swaps. See benchmarks/chaos.py.",
+        "swaps. See benchmarks/chaos/.",
     )
     chaos.add_argument("--minutes", type=positive_float, default=20.0, help="traffic and faults (default: %(default)s)")
     chaos.add_argument("--users", type=positive_int, default=4, help="closed-loop users (default: %(default)s)")
