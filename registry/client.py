@@ -41,93 +41,35 @@ this key's signature. The trainer registers with the key; servers and the traine
 A retry after a registration that half happened does not make a second version: a version whose
 `adapter_sha256` tag equals the adapter's is reused.
 
-Promotion and rollback move aliases and leave an audit trail (registry_records.audit_tags and
-event_tag): tags on the version (`adaptive_spec.last_action`, `..._by`, `..._at`, `..._alias`), the
-event (with its `domain`) as the domain's registered-model tag, and the event published on
-`adaptive_spec:adapters` (registry/events.py).
-
-Every move holds the alias lock (registry/lock.py: a file lock beside a sqlite store, a Redis key for an
-`mlflow server`), so promotions and rollbacks from the trainer, the CLI and the admin API of any replica
-happen one after the other, never interleaved; a caller's condition (`promote(..., unless=...)`, the
-trainer's queue asking whether its parent is still the champion) is checked under it too. Each move reads
-the aliases back and returns them in its event (`"aliases"`), so a command says what is there afterwards.
-
-A rollback without `to` sets `champion` to `previous` and removes `previous` (per domain alike): nothing
-is known about the version before it, and a second plain rollback must not bring back the version just
-rolled away from. `rollback(to=V)` and `promote(V)` go anywhere and set `previous` to the old champion.
+Promotion, rollback, the alias lock and the audit trail: registry/aliases.py. MLflow's client and errors:
+registry/connection.py.
 
 The trainer's promotions reach `register` through a queue that outlives MLflow outages
-(trainer/promotion/pending.py); the trainer reads the champion back through trainer/promotion/champion.py.
-"""
+(trainer/promotion/pending.py); the trainer reads the champion back through trainer/promotion/champion.py."""
 
 from __future__ import annotations
 
-import contextlib
 import getpass
-import json
 import logging
-import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, AdapterError
-from adaptive_spec.contracts import (
-    ARTIFACT_PATH,
-    CHAMPION,
-    DEFAULT_DATA_DIR,
-    EXPERIMENT,
-    METADATA_FILE,
-    MLFLOW_TRACKING_URI_ENV,
-    MODEL_NAME,
-    OUTSIDE,
-    SHA_TAG,
-    redact_url,
-    sqlite_tracking_uri,
-)
-from registry.events import AdapterEvents
-from registry.lock import AliasLock, LockUnavailable
-from registry.mlflow_store import open_client
-from registry.records import (
-    RegisteredAdapter,
-    ServedChampion,
-    audit_tags,
-    champions_of,
-    domain_aliases,
-    event_record,
-    event_tag,
-    registered_adapter,
-    run_figures,
-    version_tags,
-)
+from adaptive_spec.contracts import ARTIFACT_PATH, CHAMPION, METADATA_FILE, SHA_TAG
+from registry.aliases import RegistryAliases, alias_pair
+from registry.connection import RegistryError, RegistryUnavailable, mlflow_error_code
+from registry.records import RegisteredAdapter, ServedChampion, registered_adapter, run_figures, version_tags
+
+__all__ = [
+    "AdapterRegistry",
+    "RegistryError",
+    "RegistryUnavailable",
+    "ServedChampion",
+    "actor",
+]
 
 log = logging.getLogger(__name__)
-
-# MLflow's REST client retries 7 times with exponential backoff (minutes) by default; registry calls
-# run in background threads that must notice an outage and come back, so they fail within seconds.
-# MLflow reads these from the environment on every request and offers no per-client setting, so
-# AdapterRegistry sets them when it is built (never at import), and an operator's own values win.
-_MLFLOW_CLIENT_ENV = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-}
-
-
-class RegistryError(ValueError):
-    """A request the registry refuses whatever its state: an unknown version, nothing to roll back to."""
-
-
-class RegistryUnavailable(RuntimeError):
-    """MLflow (or its database) could not be reached; the same call may work later."""
-
-
-def default_tracking_uri(data_dir: Path) -> str:
-    """`MLFLOW_TRACKING_URI`, else the sqlite file in the data directory."""
-    return os.environ.get(MLFLOW_TRACKING_URI_ENV) or sqlite_tracking_uri(data_dir)
 
 
 def actor(kind: str) -> str:
@@ -139,49 +81,13 @@ def actor(kind: str) -> str:
     return f"{kind}:{user}@{socket.gethostname()}"
 
 
-class AdapterRegistry:
+class AdapterRegistry(RegistryAliases):
     """Registered versions and aliases of one target/draft pair's adapters.
 
     Constructing it contacts nothing (a server may be down, a sqlite store may not exist yet); each
     call does, opening MLflow's client on first use (registry/mlflow_store.py), and raises
     `RegistryUnavailable` when MLflow cannot be reached and `RegistryError` for a bad request.
     """
-
-    def __init__(
-        self,
-        tracking_uri: str | None = None,
-        *,
-        data_dir: Path | str = DEFAULT_DATA_DIR,
-        redis_url: str | None = None,
-        model_name: str = MODEL_NAME,
-        experiment: str = EXPERIMENT,
-        signing_key: str | None = None,
-    ) -> None:
-        for name, value in _MLFLOW_CLIENT_ENV.items():
-            os.environ.setdefault(name, value)
-        self.data_dir = Path(data_dir)
-        self.tracking_uri = tracking_uri or default_tracking_uri(self.data_dir)
-        self.local = self.tracking_uri.startswith(("sqlite:", "file:", "/"))
-        self.model_name = model_name
-        self.experiment = experiment
-        self.signing_key = signing_key  # ADAPTIVE_SPEC_SIGNING_KEY: register signs, check_signature checks
-        self.events = AdapterEvents(redis_url)
-        self.lock = AliasLock(self.tracking_uri, redis_url, model_name)  # one alias move at a time
-        self._client = None
-        self._client_lock = threading.Lock()
-        self._experiment_id: str | None = None
-        self._sha_of: dict[str, str] = {}  # version -> adapter_sha256 tag (set when the version is created)
-
-    @property
-    def client(self):
-        """MLflow's client, opened on first use; a failed opening is tried again on the next call."""
-        with self._client_lock:
-            if self._client is None:
-                self._client = open_client(self.tracking_uri)
-            return self._client
-
-    def __repr__(self) -> str:
-        return f"AdapterRegistry({redact_url(self.tracking_uri)!r}, model={self.model_name!r})"
 
     # ---------------------------------------------------------------- writing
 
@@ -195,7 +101,7 @@ class AdapterRegistry:
         if not metadata:
             raise RegistryError(f"{adapter_dir}: no {METADATA_FILE}; not an adapter the trainer wrote")
         sha, domain = metadata.get(SHA_TAG), metadata.get("domain") or None
-        _aliases(domain)  # a name no alias can carry is refused before anything is written
+        alias_pair(domain)  # a name no alias can carry is refused before anything is written
         with self._mlflow("register"):
             self._ensure_model(metadata)
             existing = self._versions_with_sha(sha) if sha else []
@@ -216,98 +122,7 @@ class AdapterRegistry:
             self.promote(version, by=by, domain=domain)
         return version
 
-    def promote(
-        self,
-        version: str | int,
-        *,
-        by: str,
-        action: str = "promote",
-        domain: str | None = None,
-        unless: Callable[[], str | None] | None = None,
-    ) -> dict:
-        """champion <- version, previous <- the old champion (of `domain`); returns the event it published.
-
-        Under the alias lock (registry/lock.py): `unless()`, when given, is asked first, and a reason it
-        returns leaves the aliases alone (the event then says `"changed": false` and `"refused": reason`).
-        The aliases are read back after the move: the event's `"aliases"` is what they hold then."""
-        version = str(version)
-        champion, previous = _aliases(domain)
-        with self._mlflow(action), self._moving(action):
-            self._get_version(version)
-            old = self.aliases().get(champion)
-            refused = unless() if unless is not None else None
-            if refused is not None or old == version:  # nothing moves, nothing to record
-                event = event_record(action, self.model_name, domain, version, old, by, time.time())
-                return event | {"changed": False, "refused": refused, "aliases": self._read_back(domain)}
-            at = self._audit(version, action, by, champion)  # before the alias moves: a watcher reads them with it
-            if old is not None:
-                self.client.set_registered_model_alias(self.model_name, previous, old)
-            self.client.set_registered_model_alias(self.model_name, champion, version)
-            return self._record(action, version, old, by, at, domain)
-
-    def rollback(self, to: str | int | None = None, *, by: str, domain: str | None = None) -> dict:
-        """champion <- `to`, or <- previous (and previous removed) when `to` is None (of `domain`); under
-        the alias lock, read back like `promote`."""
-        if to is not None:
-            return self.promote(to, by=by, action="rollback", domain=domain)
-        champion, previous = _aliases(domain)
-        with self._mlflow("rollback"), self._moving("rollback"):
-            aliases = self.aliases()
-            target, old = aliases.get(previous), aliases.get(champion)
-            if target is None:
-                flag = "" if domain is None else f" --domain {domain}"
-                raise RegistryError(
-                    f"{self.model_name} has no '{previous}' version to roll back to; "
-                    f"name one with --to VERSION{flag} (see `adaptive-spec adapters list{flag}`)"
-                )
-            at = self._audit(target, "rollback", by, champion)
-            self.client.set_registered_model_alias(self.model_name, champion, target)
-            self.client.delete_registered_model_alias(self.model_name, previous)
-            return self._record("rollback", target, old, by, at, domain)
-
     # ---------------------------------------------------------------- reading
-
-    def aliases(self) -> dict[str, str]:
-        """alias -> version, as str (a server sends str, sqlite int); {} before the first registration."""
-        with self._mlflow("read aliases"):
-            try:
-                model = self.client.get_registered_model(self.model_name)
-            except Exception as exc:
-                if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
-                    return {}
-                raise
-            return {alias: str(version) for alias, version in (model.aliases or {}).items()}
-
-    def champion(self, domain: str | None = None) -> str | None:
-        """The served version (of `domain`), or None (no registered model, or no such alias)."""
-        return self.aliases().get(_aliases(domain)[0])
-
-    def champions(self) -> dict[str | None, str]:
-        """Every champion alias by domain: {None: "3", "sql": "5"} for `champion` and `champion-sql`."""
-        return champions_of(self.aliases())
-
-    def served(self, domain: str | None = None) -> ServedChampion:
-        """The champion (of `domain`), its weights' sha256 and who moved it there: one or two MLflow calls."""
-        champion = _aliases(domain)[0]
-        with self._mlflow("read champion"):
-            try:
-                model = self.client.get_registered_model(self.model_name)
-            except Exception as exc:
-                if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
-                    return ServedChampion(None, None, None)
-                raise
-            version = (model.aliases or {}).get(champion)
-            version = None if version is None else str(version)
-            if version is not None and version not in self._sha_of:
-                sha = (self._get_version(version).tags or {}).get(SHA_TAG)
-                if sha:
-                    self._sha_of[version] = sha
-            raw = (model.tags or {}).get(event_tag(domain))
-        event = json.loads(raw) if raw else {}
-        sha = self._sha_of.get(version) if version is not None else None
-        if event.get("version") == version and event.get("domain") == domain:
-            return ServedChampion(version, sha, event.get("by"), event.get("from"))
-        return ServedChampion(version, sha, OUTSIDE)
 
     def get(self, version: str | int) -> RegisteredAdapter:
         with self._mlflow("read version"):
@@ -352,40 +167,14 @@ class AdapterRegistry:
         with self._mlflow("tag version"):
             self.client.set_model_version_tag(self.model_name, str(version), key, value)
 
-    def last_event(self, domain: str | None = None) -> dict | None:
-        """The last promote or rollback of `domain`'s aliases (None: the general adapter's)."""
-        with self._mlflow("read event"):
-            raw = self.client.get_registered_model(self.model_name).tags.get(event_tag(domain))
-        return json.loads(raw) if raw else None
-
-    def close(self) -> None:
-        self.events.close()
-
     # ---------------------------------------------------------------- helpers
-
-    def _mlflow(self, what: str):
-        return _Translate(what, self.tracking_uri)
-
-    @contextlib.contextmanager
-    def _moving(self, what: str) -> Iterator[None]:
-        """The alias lock for one move (registry/lock.py); RegistryUnavailable when it cannot be had."""
-        try:
-            with self.lock.held(what):
-                yield
-        except LockUnavailable as exc:
-            raise RegistryUnavailable(f"{what}: {exc}") from None
-
-    def _read_back(self, domain: str | None) -> dict[str, str | None]:
-        """What the domain's two aliases hold now: {"champion": "4", "previous": None}."""
-        aliases = self.aliases()
-        return {alias: aliases.get(alias) for alias in _aliases(domain)}
 
     def _ensure_model(self, metadata: dict) -> None:
         pair = {"target_id": str(metadata.get("target_id")), "draft_id": str(metadata.get("draft_id"))}
         try:
             model = self.client.get_registered_model(self.model_name)
         except Exception as exc:
-            if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
+            if mlflow_error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
                 raise
             try:
                 self.client.create_registered_model(
@@ -397,7 +186,7 @@ class AdapterRegistry:
                     ),
                 )
             except Exception as exc:  # another process created it first
-                if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                if mlflow_error_code(exc) != "RESOURCE_ALREADY_EXISTS":
                     raise
             return
         kept = {key: model.tags.get(key) for key in pair}
@@ -417,7 +206,7 @@ class AdapterRegistry:
                 try:
                     self._experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
                 except Exception as exc:
-                    if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                    if mlflow_error_code(exc) != "RESOURCE_ALREADY_EXISTS":
                         raise
                     self._experiment_id = self.client.get_experiment_by_name(self.experiment).experiment_id
         return self._experiment_id
@@ -444,14 +233,6 @@ class AdapterRegistry:
         found = self.client.search_model_versions(f"name = '{self.model_name}' and tags.{SHA_TAG} = '{sha}'")
         return sorted((str(v.version) for v in found), key=int)
 
-    def _get_version(self, version: str):
-        try:
-            return self.client.get_model_version(self.model_name, version)
-        except Exception as exc:
-            if _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                raise RegistryError(f"{self.model_name} has no version {version!r}") from None
-            raise
-
     def _describe(self, model_version, aliases: dict[str, str]) -> RegisteredAdapter:
         metrics: dict = {}
         try:
@@ -459,70 +240,3 @@ class AdapterRegistry:
         except Exception as exc:  # a deleted run: list the version without its figures
             log.debug("no run for version %s: %s", model_version.version, exc)
         return registered_adapter(model_version, metrics, aliases)
-
-    def _audit(self, version: str, action: str, by: str, alias: str) -> float:
-        """Tags on the version saying what was done to it, by whom, when, to which alias; returns when."""
-        at = time.time()
-        for key, value in audit_tags(action, by, alias, at).items():
-            self.client.set_model_version_tag(self.model_name, version, key, value)
-        return at
-
-    def _record(self, action: str, version: str, old: str | None, by: str, at: float, domain: str | None) -> dict:
-        """The event: as the domain's tag on the registered model, then on pub/sub (best effort). The aliases
-        are read back first: anything but what this move wrote was written by a hand outside the lock."""
-        after = self._read_back(domain)
-        tags = self.client.get_registered_model(self.model_name).tags
-        pair = {"target_id": tags.get("target_id"), "draft_id": tags.get("draft_id")}
-        event = {
-            **event_record(action, self.model_name, domain, version, old, by, at),
-            "changed": True,
-            "aliases": after,
-            **pair,
-        }
-        self.client.set_registered_model_tag(self.model_name, event_tag(domain), json.dumps(event))
-        champion = _aliases(domain)[0]
-        log.info("%s: %s %s %s -> %s by %s", self.model_name, action, champion, old, version, by)
-        if after[champion] != version:
-            log.warning(
-                "%s: %s now names %s, not %s: moved meanwhile outside adaptive-spec",
-                self.model_name,
-                champion,
-                after[champion],
-                version,
-            )
-        self.events.publish(event)  # best effort: watchers also poll the aliases
-        return event
-
-
-class _Translate:
-    """MLflow's exceptions as ours: RegistryError for a bad request, RegistryUnavailable for the rest."""
-
-    def __init__(self, what: str, uri: str) -> None:
-        self.what, self.uri = what, uri
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, (RegistryError, RegistryUnavailable)):
-            return False
-        if not isinstance(exc, Exception):
-            return False
-        code = _error_code(exc)
-        if code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST"):
-            raise RegistryError(f"{self.what}: {exc}") from exc
-        raise RegistryUnavailable(
-            f"{self.what}: MLflow at {redact_url(self.uri)} is unavailable: {type(exc).__name__}: {str(exc)[:300]}"
-        ) from exc
-
-
-def _error_code(exc: BaseException) -> str | None:
-    return getattr(exc, "error_code", None)
-
-
-def _aliases(domain: str | None) -> tuple[str, str]:
-    """(champion, previous) alias of `domain`; a name no alias can carry is a RegistryError."""
-    try:
-        return domain_aliases(domain)
-    except ValueError as exc:
-        raise RegistryError(str(exc)) from None

@@ -17,7 +17,7 @@ what this server holds for each alias it follows and what it refused, keyed by t
     "refused": {"champion-sql": {"version": "6", "reason": "incompatible"}},
 
 No token configured (ADAPTIVE_SPEC_ADMIN_TOKEN unset): every route answers 403. A missing or wrong
-token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (registry/client.py),
+token: 401 (`service/deps.py`). A promote or rollback moves the MLflow aliases (registry/aliases.py),
 is recorded with `by` = "admin-api:<who>@<client address>" (`who` from the optional body field
 `by`, else "token"), and wakes this server's watcher, which swaps at once; other servers follow
 the pub/sub event or their next alias poll. Errors: unknown version 404, nothing to roll back to
