@@ -8,6 +8,7 @@ commands compose serving and training (`up`, the benchmarks).
     adaptive-spec adapters list                                # the adapter registry (cli/adapters.py)
     adaptive-spec purge                                        # delete all user-derived data (cli/purge.py)
     adaptive-spec bench-drift --domain sql --json drift.json   # benchmarks (cli/benchmarks.py)
+    adaptive-spec bench-serve --json serve.json                # against servers (cli/server_benchmarks.py)
     adaptive-spec bench-intake --records 2000                  # the trainer's defaults measured (cli/studies.py)
     python -m cli COMMAND ...                          # the same, without the console script
 
@@ -24,7 +25,7 @@ import signal
 import sys
 
 from adaptive_spec.contracts import DATA_DIR_ENV, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
-from cli import adapters, benchmarks, generate, purge, serving, studies, training
+from cli import adapters, benchmarks, generate, purge, server_benchmarks, serving, studies, training
 from cli.options import CommandError, resolve_draft
 
 
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (generate, serving, training, adapters, benchmarks, studies, purge):
+    for group in (generate, serving, training, adapters, benchmarks, server_benchmarks, studies, purge):
         group.add_commands(commands)
     return parser
 
