@@ -50,7 +50,8 @@ from adaptive_spec.prompts import PromptItem, load_prompts
 from benchmarks.drift import split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures
-from benchmarks.serve import ServeBenchSettings, child_env, reply_text, served
+from benchmarks.serve import ServeBenchSettings, child_env, served
+from benchmarks.serve_clients import reply_text
 from launch.processes import Child
 from launch.redis import started_server
 from service.stats_queries import ratio

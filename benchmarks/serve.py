@@ -1,5 +1,6 @@
 """`adaptive-spec bench-serve`: serving throughput and latency at several concurrency levels.
 
+
     adaptive-spec bench-serve                                   # default model, head draft, 1,2,4,8 users, 60 s each
     adaptive-spec bench-serve --concurrency 1,4 --duration-s 20 --json serve.json --plot serve.png
     adaptive-spec bench-serve --adapter ./adapters/v7 --prompts python   # a trained draft on its domain
@@ -30,13 +31,15 @@ failure), `identical` (every output equals the target alone's text for its promp
 is decoded once, one request at a time, by the first server with `speculative: false`), and the
 mean `k` and `batch_size` the engine chose over the window, read from its /metrics.
 
+The clients (streamed requests, closed-loop users, the reference, /metrics) are in
+benchmarks/serve_clients.py, the table and the plot in benchmarks/serve_report.py.
+
 A benchmark, not a test: the figures depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import statistics
 import sys
@@ -54,9 +57,9 @@ from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem
 from adaptive_spec.stats import Totals
 from benchmarks.load import percentile
+from benchmarks.serve_clients import Reply, closed_loop, model_name, reference_texts, step_counters, streamed, tpots_of
 from launch.processes import Child, free_port, http_ok
 from launch.processes import child_env as launch_child_env
-from service.metrics import PREFIX
 
 CONFIGS = ("one_at_a_time", "batched_plain", "batched_speculative")
 SERVER_START_TIMEOUT_S = 600.0  # the first start converts the default model's GGUF file
@@ -75,19 +78,6 @@ class ServeBenchSettings(ModelOptions):
     configs: tuple[str, ...] = CONFIGS
     long_prompt_tokens: int = 4096  # the long-prompt case (`long_prompt`); 0: skip it
     cli: tuple[str, ...] = (sys.executable, "-m", "cli")  # how to start `adaptive-spec`
-
-
-@dataclass
-class Reply:
-    prompt: int  # index into the prompts
-    sent: float
-    ttft_s: float | None = None
-    latency_s: float = math.nan
-    tokens: int = 0
-    text: str = ""
-    status: int | None = None  # None: a transport failure
-    error: str = ""
-    spec: dict = field(default_factory=dict)  # the response's usage.spec_decode
 
 
 @dataclass
@@ -121,7 +111,7 @@ class Level:
         tokens = sum(r.tokens for r in ok)
         latencies = [r.latency_s for r in ok]
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        tpots = _tpots(ok)
+        tpots = tpots_of(ok)
         elapsed = self.elapsed_s or math.nan
         return {
             "config": self.config,
@@ -188,11 +178,15 @@ def run_serve_bench(settings: ServeBenchSettings, items: list[PromptItem], log: 
             for config in configs
         }
         log(f"reference: {len(items)} prompts, target alone, one at a time")
-        reference = asyncio.run(_reference(urls[configs[0]], items, settings.max_new_tokens))
+        reference = asyncio.run(reference_texts(urls[configs[0]], items, settings.max_new_tokens))
         window = settings.duration_s / settings.rounds
         for users in settings.concurrency:
             for config in configs:  # warm up each server at this batch size
-                asyncio.run(_closed_loop(urls[config], items, users, min(3.0, window), settings, _speculative(config)))
+                asyncio.run(
+                    closed_loop(
+                        urls[config], items, users, min(3.0, window), settings.max_new_tokens, _speculative(config)
+                    )
+                )
             for turn in range(settings.rounds):
                 for config in configs if turn % 2 == 0 else configs[::-1]:
                     part = asyncio.run(_measure(urls[config], config, items, users, window, settings))
@@ -264,51 +258,6 @@ def served(
         server.stop(60)
 
 
-# ---------------------------------------------------------------------------------------- clients
-
-
-def _body(item: PromptItem, model: str, max_tokens: int, speculative: bool, stream: bool) -> tuple[str, dict]:
-    body = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-        "adaptive_spec": {"speculative": speculative, "log": False},
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    body |= item.request_fields()  # response_format, tools, tool_choice
-    if isinstance(item.prompt, str):
-        return "/v1/completions", {**body, "prompt": item.prompt}
-    return "/v1/chat/completions", {**body, "messages": item.prompt}
-
-
-def reply_text(message: dict) -> str:
-    """What a chat message (or a streamed delta) says, for comparing outputs: its content, then each
-    tool call's name and arguments. A stream's deltas add up to the whole message's text."""
-    text = message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        text += (function.get("name") or "") + (function.get("arguments") or "")
-    return text
-
-
-async def model_name(client: httpx.AsyncClient, url: str) -> str:
-    """The model a server serves, as its /v1/models names it."""
-    return (await client.get(url + "/v1/models")).raise_for_status().json()["data"][0]["id"]
-
-
-async def _reference(url: str, items: list[PromptItem], max_tokens: int) -> list[str]:
-    async with httpx.AsyncClient(timeout=3600) as client:
-        model = await model_name(client, url)
-        texts = []
-        for item in items:
-            path, body = _body(item, model, max_tokens, speculative=False, stream=False)
-            choice = (await client.post(url + path, json=body)).raise_for_status().json()["choices"][0]
-            texts.append(reply_text(choice["message"]) if "message" in choice else choice["text"])
-        return texts
-
-
 def _speculative(config: str) -> bool:
     return config != "batched_plain"
 
@@ -317,91 +266,16 @@ async def _measure(
     url: str, config: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings
 ) -> Level:
     level = Level(config, users)
-    before = await _counters(url)
+    before = await step_counters(url)
     started = time.monotonic()
-    level.replies = await _closed_loop(url, items, users, duration_s, settings, _speculative(config))
+    level.replies = await closed_loop(url, items, users, duration_s, settings.max_new_tokens, _speculative(config))
     level.elapsed_s = time.monotonic() - started
-    after = await _counters(url)
+    after = await step_counters(url)
     level.steps = after.get("steps", 0) - before.get("steps", 0)
     if level.steps > 0:
         level.rows = after["rows"] - before["rows"]
         level.k_sum = after["k"] - before["k"]
     return level
-
-
-async def _closed_loop(
-    url: str, items: list[PromptItem], users: int, duration_s: float, settings: ServeBenchSettings, speculative: bool
-) -> list[Reply]:
-    """`users` closed-loop users for `duration_s`; requests under way at the end finish."""
-    deadline = time.monotonic() + duration_s
-    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=users + 2)) as client:
-        model = await model_name(client, url)
-        per_user = await asyncio.gather(
-            *(
-                _user(client, url, model, items, u, users, deadline, settings.max_new_tokens, speculative)
-                for u in range(users)
-            )
-        )
-    return [reply for replies in per_user for reply in replies]
-
-
-async def _user(
-    client: httpx.AsyncClient,
-    url: str,
-    model: str,
-    items: list[PromptItem],
-    user: int,
-    users: int,
-    deadline: float,
-    max_tokens: int,
-    speculative: bool,
-) -> list[Reply]:
-    replies, n = [], 0
-    while time.monotonic() < deadline:
-        index = (user + n * users) % len(items)
-        n += 1
-        replies.append(await _one(client, url, model, items[index], index, max_tokens, speculative))
-        if replies[-1].status is None:
-            await asyncio.sleep(0.1)  # a refused connection returns at once: do not spin
-    return replies
-
-
-async def _one(
-    client: httpx.AsyncClient, url: str, model: str, item: PromptItem, index: int, max_tokens: int, speculative: bool
-) -> Reply:
-    path, body = _body(item, model, max_tokens, speculative, stream=True)
-    return await _streamed(client, url + path, body, index)
-
-
-async def _streamed(client: httpx.AsyncClient, url: str, body: dict, index: int) -> Reply:
-    """One streamed request to `url`, read to its end."""
-    reply = Reply(index, time.monotonic())
-    try:
-        async with client.stream("POST", url, json=body) as response:
-            reply.status = response.status_code
-            if response.status_code != 200:
-                reply.error = (await response.aread()).decode(errors="replace")[:300]
-                return reply
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
-                if "error" in event:
-                    reply.status, reply.error = 500, str(event["error"])[:300]
-                    continue
-                for choice in event.get("choices", []):
-                    delta = reply_text(choice.get("delta", {})) if "delta" in choice else choice.get("text")
-                    if delta:
-                        if reply.ttft_s is None:
-                            reply.ttft_s = time.monotonic() - reply.sent
-                        reply.text += delta
-                if event.get("usage"):
-                    reply.tokens = event["usage"]["completion_tokens"]
-                    reply.spec = event["usage"].get("spec_decode") or {}
-    except httpx.HTTPError as exc:
-        reply.status, reply.error = None, type(exc).__name__
-    reply.latency_s = time.monotonic() - reply.sent
-    return reply
 
 
 LONG_PROMPT_IDS = range(20, 100)  # token ids every vocabulary here holds (the tiny test models have 112)
@@ -424,10 +298,12 @@ async def _long_prompt_case(url: str, config: str, items: list[PromptItem], sett
             model = await model_name(client, url)
             body = {"model": model, "prompt": ids, "max_tokens": 8, "temperature": 0.0, "stream": True}
             body |= {"stream_options": {"include_usage": True}, "adaptive_spec": {"speculative": speculative}}
-            return await _streamed(client, url + "/v1/completions", body, -1)
+            return await streamed(client, url + "/v1/completions", body, -1)
 
-    quiet = await _closed_loop(url, items, users, window, settings, speculative)
-    busy, long = await asyncio.gather(_closed_loop(url, items, users, window, settings, speculative), long_one())
+    quiet = await closed_loop(url, items, users, window, settings.max_new_tokens, speculative)
+    busy, long = await asyncio.gather(
+        closed_loop(url, items, users, window, settings.max_new_tokens, speculative), long_one()
+    )
     prefilled_by = long.sent + (long.ttft_s if long.ttft_s is not None else long.latency_s)
     during = [r for r in busy if r.sent < prefilled_by and r.sent + r.latency_s > long.sent]
     return {
@@ -438,36 +314,10 @@ async def _long_prompt_case(url: str, config: str, items: list[PromptItem], sett
         "error": long.error or None,
         "ttft_s": _round(long.ttft_s if long.ttft_s is not None else math.nan),
         "short_requests_during": len(during),
-        "short_tpot_p99_s_quiet": _round(percentile(_tpots(quiet), 99)),
-        "short_tpot_p99_s_during": _round(percentile(_tpots(during), 99)),
+        "short_tpot_p99_s_quiet": _round(percentile(tpots_of(quiet), 99)),
+        "short_tpot_p99_s_during": _round(percentile(tpots_of(during), 99)),
         "short_errors": sum(r.status != 200 for r in quiet + busy),
     }
-
-
-def _tpots(replies: list[Reply]) -> list[float]:
-    """Each answered reply's time per output token after its first: (latency - ttft) / (tokens - 1)."""
-    return [
-        (r.latency_s - r.ttft_s) / (r.tokens - 1)
-        for r in replies
-        if r.status == 200 and r.ttft_s is not None and r.tokens > 1
-    ]
-
-
-async def _counters(url: str) -> dict[str, float]:
-    """The engine's step counters from /metrics: steps, rows decoded (sum of batch sizes), k drafted."""
-    names = {
-        PREFIX + "batch_steps_total": "steps",
-        PREFIX + "batch_rows_total": "rows",
-        PREFIX + "batch_draft_k_total": "k",
-    }
-    async with httpx.AsyncClient(timeout=30) as client:
-        text = (await client.get(url + "/metrics")).text
-    found = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in names:
-            found[names[name]] = float(value)
-    return found
 
 
 def run_line(run: dict) -> str:
