@@ -7,7 +7,8 @@ Each set is a JSON Lines prompt file (adaptive_spec/prompts.py reads the format)
 `chat` (24 hand-written prompts, `adaptive-spec bench`'s default), the four drift domains
 `json_extraction`, `sql`, `python` and `casual_chat` (400 prompts each, templates x slot values from
 templates/), and `json_schema` (json_extraction's prompts, each with a JSON schema as its
-response_format). tests/benchmarks/test_prompt_sets.py checks that make.py reproduces every file.
+response_format). tests/benchmarks/test_prompt_sets.py checks that make.py reproduces every file; make.py
+writes them with one module per set (json_extraction.py, domains.py, tool_calls.py) and draw.py.
 """
 
 from __future__ import annotations
