@@ -392,14 +392,23 @@ def test_a_fleet_closes_the_loop_for_every_replica(redis_server, tiny_model_dir,
                 for version, count in tallies[label].requests_by_version.items():
                     requests, tokens = served.get(version, (0, 0))
                     served[version] = (requests + count, tokens + tallies[label].tokens_by_version[version])
-            dashboards = {
-                replica.name: eventually(
-                    lambda url=replica.url: (seen := dashboard_by_version(url, began - 60)) == served and seen,
-                    15,
-                    f"{replica.name}'s dashboard to show {served}",
-                )
-                for replica in replicas
-            }
+            last_seen: dict[str, dict] = {}
+
+            def shows_served(name: str, url: str):
+                last_seen[name] = dashboard_by_version(url, began - 60)
+                return last_seen[name] == served and last_seen[name]
+
+            try:
+                dashboards = {
+                    replica.name: eventually(
+                        lambda name=replica.name, url=replica.url: shows_served(name, url),
+                        15,
+                        f"{replica.name}'s dashboard to show {served}",
+                    )
+                    for replica in replicas
+                }
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the dashboards showed {last_seen}; tallies {phase1}") from None
 
             mark("dashboards")
             # 4. replica b SIGKILLed mid-traffic, then restarted on its port

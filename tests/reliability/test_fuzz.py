@@ -9,8 +9,10 @@ biases, log-probability requests, n choices and response_format schemas (compile
 reach the engine; each of those fields must be set in at least one answered case. For every
 operation it draws schema-valid cases (POSITIVE) and schema-violating ones (NEGATIVE: wrong types,
 missing fields, out-of-range numbers), derandomized so a run is reproducible. The two generation
-routes get two more passes: with the served model's name put in, so that cases get past the 404
-and into the engine, and with only the sampling fields generated, on a valid request. Each case
+routes get more passes: with the served model's name put in, so that cases get past the 404
+and into the engine; with only the sampling fields generated, on a valid request; and with each
+engine field alone (a sample of many fields together is mostly refused, and which ones reach the
+engine then shifts with any change to the schema). Each case
 is sent with the admin token, against a real Redis and an empty MLflow registry on sqlite (so
 /admin answers 404/409 rather than "no registry"). Every response must be below 500 and arrive
 within 30 s; the count of cases is printed.
@@ -33,6 +35,7 @@ from tiny_bytes import tiny_byte_tokenizer
 pytestmark = pytest.mark.redis
 
 CASES_PER_OPERATION_AND_MODE = 50
+PER_FIELD_CASES = 10  # schema-valid values of one engine field at a time, on a valid request
 TOKEN = "fuzz-admin-token"
 FUZZ_SEED = 0
 # Fields of the generation routes that each must reach the engine, set, in some answered (200) case.
@@ -72,14 +75,16 @@ def fuzz_operation(
     served_model: str | None = None,
     reached: Counter | None = None,
     focus: dict | None = None,
+    keep: tuple[str, ...] = FOCUSED_FIELDS,
+    examples: int = CASES_PER_OPERATION_AND_MODE,
 ) -> None:
     """`served_model`: put the served model's name in every generated body, so cases get past the 404 for an
     unknown model and into the engine (the schema cannot say which name exists). `focus`: a valid body
-    that keeps only the generated FOCUSED_FIELDS. `reached` counts, per field of ENGINE_FIELDS, the
+    that keeps only the generated fields named in `keep`. `reached` counts, per field of ENGINE_FIELDS, the
     answered cases whose body set it (to anything but null, false, 0 or empty)."""
 
     @settings(
-        max_examples=CASES_PER_OPERATION_AND_MODE,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=True,
@@ -90,7 +95,7 @@ def fuzz_operation(
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case):
         if focus is not None and isinstance(case.body, dict):
-            case.body = {**focus, **{k: v for k, v in case.body.items() if k in FOCUSED_FIELDS}}
+            case.body = {**focus, **{k: v for k, v in case.body.items() if k in keep}}
         if served_model is not None and isinstance(case.body, dict):
             case.body["model"] = served_model
         started = time.monotonic()
@@ -135,6 +140,21 @@ def test_openapi_fuzz_finds_no_5xx_and_no_hang(json_model_dir, redis_url, tmp_pa
                     fuzz_operation(operation, mode, server.url, outcomes, slowest, MODEL, reached)
                     focus = VALID_BODIES[operation.label]
                     fuzz_operation(operation, mode, server.url, outcomes, slowest, MODEL, reached, focus)
+            if operation.label in VALID_BODIES:  # each engine field alone on a valid request: none goes untried
+                for field in ENGINE_FIELDS:
+                    focus = VALID_BODIES[operation.label]
+                    fuzz_operation(
+                        operation,
+                        GenerationMode.POSITIVE,
+                        server.url,
+                        outcomes,
+                        slowest,
+                        MODEL,
+                        reached,
+                        focus,
+                        keep=(field,),
+                        examples=PER_FIELD_CASES,
+                    )
         elapsed = time.monotonic() - started
         assert server.ready(), "the server must still answer /health after the fuzz"
         assert "Traceback" not in server.log(), server.log()[-3000:]
