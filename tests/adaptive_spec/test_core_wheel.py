@@ -32,6 +32,8 @@ from adaptive_spec import Engine
 from adaptive_spec.tools import ToolUse
 from tiny import tiny_target
 from tiny_bytes import tiny_byte_tokenizer
+
+pytestmark = pytest.mark.slow  # builds and installs a package: `./run tests -m slow`
 engine = Engine(tiny_target(0, positions=1024), "early-exit:1", tiny_byte_tokenizer(), k=3)
 messages = [{{"role": "user", "content": "Go."}}]
 speculative = engine.generate(messages, max_new_tokens=12)

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.chaos import ChaosSettings, bar, plot, run_chaos, summary
 from cli import main
 
-pytestmark = pytest.mark.redis  # it starts a redis-server (and an mlflow server) of its own
+pytestmark = [pytest.mark.redis, pytest.mark.slow]  # it starts a redis-server (and an mlflow server) of its own
 
 
 def test_a_short_chaos_run_reports_every_figure_and_the_bar(tmp_path):

@@ -16,7 +16,7 @@ from adaptive_spec.prompts import PromptFileError
 from benchmarks.scenario import MIX, Phase, ScenarioSettings, parse_scenario, run_scenario
 from benchmarks.scenario_report import format_report, plot
 
-pytestmark = pytest.mark.redis  # it starts a redis-server of its own
+pytestmark = [pytest.mark.redis, pytest.mark.slow]  # it starts a redis-server of its own
 
 
 def prompt_file(path, letters: str, count: int = 14):

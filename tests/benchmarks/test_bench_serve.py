@@ -11,6 +11,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts servers of its own for a while: `./run tests -m slow`
+
 RUN_KEYS = {
     "config",
     "concurrency",

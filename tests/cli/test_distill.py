@@ -69,6 +69,7 @@ def distilled(tiny_model_dir, redis_url, tmp_path_factory):
     registry.close()
 
 
+@pytest.mark.slow  # they share a distillation of about a minute
 def test_exported_records_distil_into_a_registered_champion(distilled):
     figures, engine, registry, _ = distilled
     assert figures["version"] is not None, figures
@@ -81,6 +82,7 @@ def test_exported_records_distil_into_a_registered_champion(distilled):
     assert line.startswith(f"distill: {figures['version']}; held out:") and "greedy match" in line
 
 
+@pytest.mark.slow  # they share a distillation of about a minute
 def test_a_server_started_afterwards_serves_the_distilled_version_from_its_first_request(distilled, tiny_model_dir):
     """The app's lifespan loads the models and the registry's champion before it answers."""
     _, _, registry, data_dir = distilled
@@ -99,6 +101,7 @@ def test_a_server_started_afterwards_serves_the_distilled_version_from_its_first
     assert reply["usage"]["spec_decode"]["adapter_version"] == registry.champion() == distilled[0]["version"]
 
 
+@pytest.mark.slow  # they share a distillation of about a minute
 def test_an_online_trainer_adopts_the_distilled_version_and_trains_on_from_it(
     distilled, tiny_model_dir, redis_url, tmp_path
 ):

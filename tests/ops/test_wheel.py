@@ -20,10 +20,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from packaging.requirements import Requirement
 from support import child_env
 
 from launch.processes import Child, free_port
+
+pytestmark = pytest.mark.slow  # builds and installs a package: `./run tests -m slow`
 
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests")

@@ -68,7 +68,7 @@ from adaptive_spec.record import CorrectionRecord
 from registry.client import AdapterRegistry
 from registry.events import AdapterEvents
 
-pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 API_KEY, ADMIN_TOKEN = "fleet-api-key-61d0c7a2", "fleet-admin-token-e54b"
 SWAP_BOUND_S = 10.0  # every replica on a new champion within 10 s of its promotion or rollback: ops' bound
