@@ -24,6 +24,8 @@ from wheels import fresh_venv, install, project_wheel
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 ABOVE_THE_CORE = ("redis", "mlflow", "fastapi", "uvicorn", "starlette", "prometheus_client", "httpx")
 
+pytestmark = pytest.mark.slow  # builds and installs a package: `./run tests -m slow`
+
 SCRIPT = f"""
 import importlib.util, json, sys
 sys.path.insert(0, {str(HELPERS)!r})  # the tiny models and tokenizer builders, plain transformers code
@@ -32,8 +34,6 @@ from adaptive_spec import Engine
 from adaptive_spec.tools import ToolUse
 from tiny import tiny_target
 from tiny_bytes import tiny_byte_tokenizer
-
-pytestmark = pytest.mark.slow  # builds and installs a package: `./run tests -m slow`
 engine = Engine(tiny_target(0, positions=1024), "early-exit:1", tiny_byte_tokenizer(), k=3)
 messages = [{{"role": "user", "content": "Go."}}]
 speculative = engine.generate(messages, max_new_tokens=12)
