@@ -56,7 +56,7 @@ from benchmarks.draft_cost import COST_K, measure_draft_cost
 from service.correction_log import CorrectionLogWriter
 from trainer.intake.stream import CorrectionStream
 from trainer.learning.drafts import TARGET_DRAFTS
-from trainer.process.build import build_trainer, load_draft
+from trainer.process.build import build_trainer, lendable, load_draft
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -265,10 +265,12 @@ def _train(trainer, stop: threading.Event, deadline: float) -> None:
 
 
 def _draft_to_train(engine):
-    """The trainer's draft over the engine's own target: an early-exit draft or a head (ngram+ as well)."""
+    """The trainer's draft: an early-exit draft or a head (ngram+ as well), over the engine's target when it
+    serves in the trainer's dtype, else over one of the trainer's own (build.lendable)."""
     if parse_draft_spec(engine.draft_id).kind not in TARGET_DRAFTS:
         raise DraftSpecError(f"bench-drift trains early-exit:N and head drafts; got draft {engine.draft_id!r}")
-    return load_draft(TrainerSettings(target=engine.target_id, draft=engine.draft_id), target=engine.target)[0]
+    settings = TrainerSettings(target=engine.target_id, draft=engine.draft_id)
+    return load_draft(settings, target=lendable(engine.target, settings))[0]
 
 
 def format_report(figures: dict) -> str:

@@ -34,3 +34,25 @@ def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatc
     assert "after at fixed k=2" in format_report(figures)
     assert figures["draft_step_fraction"] > 0 and figures["draft_forwards_timed"] > 0  # timed, after training
     assert figures["records_consumed"] > 0  # the trainer read the traffic for this draft
+
+
+def test_a_bf16_server_trains_its_draft_over_an_fp32_target_of_the_trainers_own(
+    tiny_model_dir, redis_url, tmp_path, monkeypatch, caplog
+):
+    """The default path serves in bf16 where the CPU has it, and the trainer trains in fp32: lending it the
+    server's bf16 target crashed the head's first round (float != BFloat16), so nothing ever trained."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    engine = Engine.from_pretrained(
+        str(tiny_model_dir), "head", device="cpu", dtype="bf16", compile=False, eos_token_id=[], record_topk=8
+    )
+    assert engine.dtype_name == "bf16"
+    rng = np.random.default_rng(0)
+    items = [PromptItem(rng.integers(3, 60, 8).tolist()) for _ in range(30)]
+    settings = DriftBenchSettings(
+        budget_minutes=1.0, eval_prompts=4, max_new_tokens=12, train_tail_s=5, gate_min_positions=50
+    )
+    figures = run_drift(engine, items, "tiny", settings, redis_url, tmp_path, progress=False)
+    assert figures["before"]["identical"] is True and figures["after"]["identical"] is True
+    assert figures["records_consumed"] > 0
+    assert figures["train_s"] > 0, "no round trained"  # the crash came in the first round
+    assert "trainer stopped with an error" not in caplog.text

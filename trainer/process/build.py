@@ -64,6 +64,17 @@ def build_trainer(
     return trainer_class(draft_model, stream, online, on_promote=on_promote, champion_source=champion_source)
 
 
+def lendable(target: torch.nn.Module, settings: TrainerSettings) -> torch.nn.Module | None:
+    """`target` when it is in the dtype and on the device the trainer trains in, so that a serving engine can
+    lend it to an in-process trainer (bench-drift, distill); None otherwise, and `load_draft` loads the
+    trainer's own, as `adaptive-spec train` does (a server in bf16, a trainer in fp32: the draft's fp32 layers
+    cannot take bf16 states)."""
+    weight = next(target.parameters())
+    device = resolve_device(settings.device)
+    same = weight.dtype == resolve_dtype(settings.dtype, device) and weight.device.type == device.type
+    return target if same else None
+
+
 def load_draft(settings: TrainerSettings, target: torch.nn.Module | None = None) -> tuple[torch.nn.Module, int]:
     """(the draft module a trainer owns, the vocabulary size) for the settings' draft spec: an early exit
     or a head built on `target` (loaded from the settings when None), or a separate draft model."""

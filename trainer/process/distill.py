@@ -49,7 +49,7 @@ from adaptive_spec.record import CorrectionRecord, record_from_output
 from adaptive_spec.stats import Totals
 from trainer.intake.stream import CorrectionStream
 from trainer.loop.checkpoint import read_records, write_records
-from trainer.process.build import build_trainer, load_draft
+from trainer.process.build import build_trainer, lendable, load_draft
 from trainer.promotion.versions import AdapterVersion
 from trainer.settings import TrainerSettings
 
@@ -118,7 +118,7 @@ def distill(
         engine.load_adapter(version.path, str(version.version))  # what it generates next drafts with it
         promoted.append(version)
 
-    draft = load_draft(train, target=engine.target)[0]
+    draft = load_draft(train, target=lendable(engine.target, train))[0]
     trainer = build_trainer(
         train,
         draft,
