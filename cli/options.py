@@ -174,7 +174,9 @@ def model_options_of(args: argparse.Namespace) -> ModelOptions:
     return ModelOptions(args.target, args.draft, args.k, args.dtype, args.device, args.compile, args.tree_budget)
 
 
-def load_engine(args):
+def load_engine(args, **engine_options):
+    """The engine the model flags describe (and --adapter, where the command has it); `engine_options` go to
+    Engine.from_pretrained as they are (e.g. distill's k)."""
     from adaptive_spec.engine import Engine
 
     print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
@@ -185,6 +187,7 @@ def load_engine(args):
         dtype=args.dtype,
         compile=args.compile,
         tree_budget=args.tree_budget,
+        **engine_options,
     )
     print(f"serving {engine.dtype_name} {engine.path}: {engine.exactness.summary()}", file=sys.stderr)
     adapter = resolve_adapter(getattr(args, "adapter", None))

@@ -21,6 +21,7 @@ from cli.options import (
     DTYPES,
     CommandError,
     confidence,
+    load_engine,
     model_options,
     non_negative_int,
     positive_float,
@@ -191,7 +192,6 @@ def cmd_train(args) -> int:
 
 def cmd_distill(args) -> int:
     from adaptive_spec.drafters.spec import parse_draft_spec
-    from adaptive_spec.engine import Engine
     from adaptive_spec.prompts import load_prompts
     from registry.client import AdapterRegistry
     from trainer.process.distill import DistillSettings, distill, format_line, load_record_file
@@ -217,10 +217,7 @@ def cmd_distill(args) -> int:
         min_new_records=args.min_new_records,
         round_steps=args.round_steps,
     )
-    print(f"loading {args.target} with draft {args.draft} ...", file=sys.stderr)
-    engine = Engine.from_pretrained(
-        target=args.target, draft=args.draft, device=args.device, dtype=args.dtype, k=args.k
-    )
+    engine = load_engine(args, k=args.k)  # --compile and --tree-budget too, which it used to drop
     with redis_url(Path(train.data_dir)) as url:
         train = dataclasses.replace(train, redis_url=url)
         registry = AdapterRegistry(train.tracking_uri, data_dir=train.data_dir, redis_url=url)
