@@ -22,6 +22,7 @@ verified token) is lower for the tree by design.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 
 @dataclass
@@ -89,8 +90,7 @@ class Totals:
 
 
 def _summed(mine: list[int], theirs: list[int]) -> list[int]:
-    longer = max(len(mine), len(theirs))
-    return [(mine[i] if i < len(mine) else 0) + (theirs[i] if i < len(theirs) else 0) for i in range(longer)]
+    return [a + b for a, b in zip_longest(mine, theirs, fillvalue=0)]
 
 
 @dataclass
