@@ -38,6 +38,9 @@ defaults until rank 64 replaced rank 16):
     lr-3e-3        the optimiser's learning rate 3e-3
     unroll-2-rank-64  unroll 2 at rank 64 (HeadSettings(unroll=2))
     unroll-3-rank-64  unroll 3 at rank 64
+    unroll-2-decay-0.5-rank-64, unroll-2-decay-0.3-rank-64, unroll-3-decay-0.5-rank-64
+                   unroll 2 or 3 at rank 64, each further step weighted 0.5 or 0.3 of the one
+                   before (HeadSettings.unroll_decay; 0.8 in the others)
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
 """
@@ -138,20 +141,25 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
 def run_ablation(settings: AblationSettings) -> dict:
     """Every recipe on the same records (generated once, or read from `records_file`); the figures."""
     from adaptive_spec.engine import Engine
+    from adaptive_spec.models import load_model, resolve_device
     from adaptive_spec.prompts import load_prompts
     from benchmarks.drift import split_prompts
     from benchmarks.prompts import shipped
 
-    engine = Engine.from_pretrained(target=settings.target, draft="head")
     if settings.records_file and settings.records_file.exists():
         records = load_records(settings.records_file)
         print(f"{len(records)} records read from {settings.records_file}", file=sys.stderr)
-    else:
+    else:  # the default serving path (bf16 where exact, compiled) logs them, as a server would
+        engine = Engine.from_pretrained(target=settings.target, draft="head")
         _, traffic = split_prompts(load_prompts(shipped(settings.domain)), settings.eval_prompts, settings.seed)
         wanted = settings.train_records + settings.heldout_records
         records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, settings.domain)
         if settings.records_file:
             save_records(settings.records_file, records)
+        del engine
+    # The heads train over an fp32 target, as `adaptive-spec train` does (TrainerSettings.dtype): the
+    # head's fp32 layers cannot read a bf16 target's states.
+    target, _ = load_model(settings.target, resolve_device("auto"), torch.float32)
     random.Random(settings.seed).shuffle(records)
     heldout = records[: settings.heldout_records]
     train = [examples_from_record(record) for record in records[settings.heldout_records :]]
@@ -168,7 +176,7 @@ def run_ablation(settings: AblationSettings) -> dict:
         "recipes": {},
     }
     for name in settings.recipes:
-        figures["recipes"][name] = run_recipe(engine.target, name, train, heldout, settings)
+        figures["recipes"][name] = run_recipe(target, name, train, heldout, settings)
         if settings.json:
             write_figures(settings.json, figures)
     return figures

@@ -44,6 +44,9 @@ RECIPES = {
     "lr-3e-3": BASE | {"lr": 3e-3},
     "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
     "unroll-3-rank-64": {"r": 64, "alpha": 128, "unroll": 3},
+    "unroll-2-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5},
+    "unroll-2-decay-0.3-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.3},
+    "unroll-3-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 3, "unroll_decay": 0.5},
     "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
 }
 

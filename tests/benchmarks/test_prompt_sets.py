@@ -147,3 +147,22 @@ def test_a_prompt_source_is_a_file_or_a_shipped_name(tmp_path: Path) -> None:
         PromptFileError, match="shipped: casual_chat, chat, json_extraction, json_schema, python, sql, tool_calls"
     ):
         prompt_source("nosuch")
+
+
+def test_stdlib_set_is_loadable_distinct_and_deterministic(tmp_path):
+    """benchmarks.prompts.stdlib writes a prompt file load_prompts reads: 400 distinct questions, each
+    carrying a docstring paragraph of the interpreter's standard library, the same draw twice."""
+    from benchmarks.prompts import stdlib
+
+    out = tmp_path / "stdlib.jsonl"
+    assert stdlib.main([str(out)]) == 0
+    prompts = load_prompts(out)
+    contents = [p.prompt[0]["content"] for p in prompts]
+    assert len(contents) == len(set(contents)) == stdlib.COUNT
+    assert {p.domain for p in prompts} == {"stdlib"}
+    assert all(len(c) <= MAX_CHARS for c in contents)
+    names = dict(stdlib.documented_names())
+    first = contents[0].split("`")[1]
+    assert names[first] in contents[0]  # the docstring's own words, not ours
+    assert stdlib.build() == [json.loads(line) for line in out.read_text().splitlines()]
+    assert stdlib.main([]) == 2
