@@ -303,8 +303,8 @@ class Engine:
             vocab = drafter.new_vocab()
             vocab.restrict(adapters.read_vocab(path, self.vocab_size))
             ngrams = adapters.read_ngrams(path, self.vocab_size)  # for ngram+ drafts (free_first.py)
-        gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
-        version = version or str(metadata.get("version", Path(path).name))
+        gated = metadata.gated_greedy_match
+        version = version or (str(metadata.version) if metadata.version is not None else Path(path).name)
         nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
         return self._swap(domain, AdapterSlot(version, domain, weights, vocab, gated, nbytes, ngrams))
 

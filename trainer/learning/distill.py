@@ -57,6 +57,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
+from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import decoder_layers
 from trainer.evaluation.gate import causal_lm, draft_logits
@@ -134,7 +135,7 @@ class TrainedWeights:
         self.positions_trained = 0  # with repeats: a replayed example counts each time
         self._records: dict[str, int] = {}  # request_id -> output positions, for records_used / tokens_used
         self.init_adapter = str(init_adapter) if init_adapter is not None else None
-        self.parent_metadata: dict | None = None
+        self.parent_metadata: AdapterMetadata | None = None
         if init_adapter is not None:
             self.load(init_adapter)
 
@@ -167,7 +168,8 @@ class TrainedWeights:
                 f"{what} {adapter_dir} does not match: missing {missing[:3]}, "
                 f"unexpected {list(result.unexpected_keys)[:3]}"
             )
-        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
+        parent = AdapterDir(adapter_dir).metadata()
+        self.parent_metadata = None if parent.empty else parent
         self.optimizer = self._new_optimizer()
 
     def _save(self, adapter_dir: Path, draft_config: dict, **extra) -> Path:
@@ -175,21 +177,20 @@ class TrainedWeights:
         trained it (target, draft and its shape), how (the settings), from what and on how much; the
         online trainer adds the version's lineage and gate figures when it seals it (promotion/versions.py)."""
         self.model.save_pretrained(str(adapter_dir))
-        metadata = {
-            "format": METADATA_FORMAT,
-            "created_at": time.time(),
-            "target_id": self.target_id,
-            "draft_id": self.draft_id,
-            "draft_config": draft_config,
-            "settings": dataclasses.asdict(self.settings),
-            "init_adapter": self.init_adapter,
-            "steps": self.steps,
-            "records_used": self.records_used,
-            "tokens_used": self.tokens_used,
-            "positions_trained": self.positions_trained,
+        AdapterMetadata().updated(
+            format=METADATA_FORMAT,
+            created_at=time.time(),
+            target_id=self.target_id,
+            draft_id=self.draft_id,
+            draft_config=draft_config,
+            settings=dataclasses.asdict(self.settings),
+            init_adapter=self.init_adapter,
+            steps=self.steps,
+            records_used=self.records_used,
+            tokens_used=self.tokens_used,
+            positions_trained=self.positions_trained,
             **extra,
-        }
-        AdapterDir(adapter_dir).write_metadata(metadata)
+        ).write(adapter_dir)
         return adapter_dir
 
     def lora_state(self) -> dict[str, torch.Tensor]:
