@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 import weakref
@@ -32,13 +31,14 @@ from adaptive_spec import attention, compiled, cpu_linear, exact, kv
 from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots, build_slot
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
-from adaptive_spec.contracts import COMPILE_ENV, DEFAULT_DRAFT, DEFAULT_MODEL
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import WHITESPACE, GrammarError, Grammars
-from adaptive_spec.models import data_dir, load_model, resolve_device, serving_dtype
+from adaptive_spec.models import load_model, resolve_device, serving_dtype
+from adaptive_spec.options import CoreSettings
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
@@ -141,10 +141,11 @@ class Engine:
         The fast path is the default: `dtype="auto"` serves bf16 where the device computes it natively
         and the exactness check passes (fp32 otherwise), and `compile=None` compiles the decoding step
         unless ADAPTIVE_SPEC_COMPILE=0 (compiled code is cached under the data directory's `compile/`)."""
+        env = CoreSettings.from_env()
         if compile is None:
-            compile = os.environ.get(COMPILE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+            compile = env.compile
         if compile:
-            kwargs.setdefault("compile_dir", data_dir() / "compile")
+            kwargs.setdefault("compile_dir", env.data_dir / "compile")
         dev = resolve_device(device)
         dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
