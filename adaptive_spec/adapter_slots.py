@@ -1,7 +1,7 @@
 """The adapters a server holds at once: the general one and one per domain, each ready to decode.
 
     slots = AdapterSlots(max_domains=4)
-    slots.put(AdapterSlot("7", "sql", weights, vocab, gated_alpha=0.61, nbytes=5_300_000))
+    slots.put(build_slot(drafter, "adapters/v0007", None, "sql", vocab_size, one_thread=False))  # version "7"
     slots.for_domain("sql")      # the sql adapter
     slots.for_domain("chat")     # no chat adapter: the general one, or None (the base draft)
 
@@ -20,8 +20,15 @@ most, a few MB).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import torch
+
+from adaptive_spec import adapters
 
 
 @dataclass(eq=False)
@@ -76,3 +83,38 @@ class AdapterSlots:
         if self.general is not None:
             held[None] = self.general.version
         return held
+
+
+def build_slot(
+    drafter, path, version: str | None, domain: str | None, vocab_size: int, *, one_thread: bool
+) -> AdapterSlot:
+    """A version directory made ready to decode with `drafter` (which takes adapters): read and checked
+    (adapters.py), its weights built, the drafter's vocabulary restricted to its tokens, its n-gram index
+    for ngram+ drafts (free_first.py), and the gate's greedy match from its metadata, where dynamic k
+    starts. `version` None names it by its metadata ("7"), else by its directory ("v0007"). Raises
+    `AdapterError` for a version that does not fit; nothing is served until `Engine` swaps the slot in.
+
+    With `one_thread` (off the thread that built the engine: a watcher, a trainer) the build runs on one
+    OpenMP thread: a thread that runs a parallel region keeps a team of workers while it lives, and once
+    they outnumber the CPUs every region of every decoding step waits for a wake-up (service/worker.py;
+    41 -> 70 ms per token on 2 cores after one build on another thread)."""
+    with _one_torch_thread() if one_thread else nullcontext():
+        config, tensors, metadata = adapters.read_adapter(path)
+        weights = drafter.build_weights(config, tensors)
+        vocab = drafter.new_vocab()
+        vocab.restrict(adapters.read_vocab(path, vocab_size))
+        ngrams = adapters.read_ngrams(path, vocab_size)
+    version = version or (str(metadata.version) if metadata.version is not None else Path(path).name)
+    nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
+    return AdapterSlot(version, domain, weights, vocab, metadata.gated_greedy_match, nbytes, ngrams)
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch work on this thread with one OpenMP thread; the default is restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

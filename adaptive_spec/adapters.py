@@ -4,7 +4,7 @@ slot, swapped between steps.
     version = AdapterDir(data_dir / "adapters" / "v0003")
     version.seal(version=3, gate=...)   # the trainer: checksum.sha256 and the metadata's adapter_sha256
     version.verify(expected_sha256=sha)  # a server or the trainer, before trusting downloaded files
-    version.metadata()["gate"]          # who trained it, from what, and the gate's figures
+    version.metadata().gate             # who trained it, from what, and the gate's figures (adapter_metadata.py)
     engine.load_adapter(version.path)   # read_adapter -> lora_pairs -> check -> merge_into_slot
 
 An adapter version is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`)
@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from adaptive_spec.adapter_metadata import AdapterMetadata, MetadataError
 from adaptive_spec.contracts import (
     CHECKSUM_FILE,
     CONFIG_FILE,
@@ -93,7 +94,10 @@ def sha256_file(path: Path) -> str:
 
 
 class AdapterDir:
-    """One adapter version on disk: the trainer writes it, the registry stores it, servers load it."""
+    """One adapter version on disk: the trainer writes it, the registry stores it, servers load it.
+
+    It carries many public methods because each file of a version has its writer, its reader and its
+    check here (STYLE.md §20), so the trainer and a server refuse the same directory for the same reason."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -122,10 +126,10 @@ class AdapterDir:
 
     # ---------------------------------------------------------------- writing
 
-    def seal(self, **metadata) -> str:
+    def seal(self, **fields) -> str:
         """After PEFT's save_pretrained (and write_ngrams and write_vocab, for a version that ships an
         index or a vocabulary): write checksum.sha256, one line per file it covers, and the metadata
-        (with `metadata` merged in, adapter_sha256, ngrams_sha256 and vocab_sha256 set). Returns the
+        (with `fields` merged in, adapter_sha256, ngrams_sha256 and vocab_sha256 set). Returns the
         weights' sha256."""
         digests = {WEIGHTS_FILE: sha256_file(self.weights)}
         shipped = {}
@@ -133,15 +137,13 @@ class AdapterDir:
             if file.is_file():
                 digests[file.name] = shipped[key] = sha256_file(file)
         (self.path / CHECKSUM_FILE).write_text("".join(f"{digest}  {name}\n" for name, digest in digests.items()))
-        self.write_metadata({**self.metadata(), **metadata, SHA_TAG: digests[WEIGHTS_FILE], **shipped})
+        self.update_metadata(**{**fields, SHA_TAG: digests[WEIGHTS_FILE], **shipped})
         return digests[WEIGHTS_FILE]
 
-    def write_metadata(self, metadata: dict) -> None:
-        (self.path / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
-
-    def update_metadata(self, **fields) -> dict:
-        metadata = {**self.metadata(), **fields}
-        self.write_metadata(metadata)
+    def update_metadata(self, **fields) -> AdapterMetadata:
+        """The metadata with `fields` set, written back; every other key kept as it was."""
+        metadata = self.metadata().updated(**fields)
+        metadata.write(self.path)
         return metadata
 
     def write_vocab(self, token_ids: list[int]) -> None:
@@ -155,18 +157,13 @@ class AdapterDir:
 
     # ---------------------------------------------------------------- reading and checking
 
-    def metadata(self) -> dict:
-        """adaptive_spec_adapter.json, or {} when there is none (a plain PEFT directory)."""
-        file = self.path / METADATA_FILE
-        if not file.is_file():
-            return {}
+    def metadata(self) -> AdapterMetadata:
+        """adaptive_spec_adapter.json (adapter_metadata.py), empty when there is none (a plain PEFT
+        directory); AdapterError with reason "corrupt" when it does not parse."""
         try:
-            metadata = json.loads(file.read_text())
-        except (json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
-            raise AdapterError(f"{self.path}: unreadable {METADATA_FILE}: {exc}", "corrupt") from None
-        if not isinstance(metadata, dict):
-            raise AdapterError(f"{self.path}: {METADATA_FILE} is not a JSON object", "corrupt")
-        return metadata
+            return AdapterMetadata.read(self.path)
+        except MetadataError as exc:
+            raise AdapterError(str(exc), "corrupt") from None
 
     def verify(self, expected_sha256: str | None = None, *, require_checksum: bool = True) -> str:
         """The files are there and the weights hash to what checksum.sha256, the metadata's
@@ -191,14 +188,14 @@ class AdapterDir:
         actual = sha256_file(self.weights)
         claims = {
             CHECKSUM_FILE: listed.get(WEIGHTS_FILE, "") if sealed else None,
-            METADATA_FILE: metadata.get(SHA_TAG),
+            METADATA_FILE: metadata.adapter_sha256,
             "the registry": expected_sha256,
         }
         check_claims(self.weights, actual, claims)
         if not (self.path / CONFIG_FILE).is_file():  # after the checksum: corrupt weights say more than a lost config
             raise missing
-        self._verify_shipped(self.ngrams_file, NGRAMS_SHA_KEY, listed, metadata, must_be_listed=sealed)
-        self._verify_shipped(self.vocab_file, VOCAB_SHA_KEY, listed, metadata, must_be_listed=False)
+        self._verify_shipped(self.ngrams_file, metadata.ngrams_sha256, listed, must_be_listed=sealed)
+        self._verify_shipped(self.vocab_file, metadata.vocab_sha256, listed, must_be_listed=False)
         self._check_finite()
         return actual
 
@@ -217,14 +214,14 @@ class AdapterDir:
         if bad:
             raise AdapterError(f"{self.path}: {', '.join(bad[:3])} hold NaN or Inf weights", "corrupt")
 
-    def _verify_shipped(self, file: Path, key: str, listed: dict[str, str], metadata: dict, *,
+    def _verify_shipped(self, file: Path, recorded: str | None, listed: dict[str, str], *,
                         must_be_listed: bool) -> None:  # fmt: skip
         """A file the version ships beside its weights hashes to its line of checksum.sha256 and to
-        the metadata's `key`; one they list that is gone is missing. With `must_be_listed` (an
-        n-gram index in a sealed directory) a file they do not list was added after sealing and is
-        refused like changed weights.
+        what the metadata `recorded` for it; one they list that is gone is missing. With
+        `must_be_listed` (an n-gram index in a sealed directory) a file they do not list was added
+        after sealing and is refused like changed weights.
         """
-        claims = {CHECKSUM_FILE: listed.get(file.name), METADATA_FILE: metadata.get(key)}
+        claims = {CHECKSUM_FILE: listed.get(file.name), METADATA_FILE: recorded}
         if not file.is_file():
             if any(claims.values()):
                 raise AdapterError(f"{self.path}: {file.name} is listed but missing", "missing")
@@ -243,13 +240,14 @@ class AdapterDir:
         Example (one line each): "adaptive-spec adapter manifest 1", "9f2c...  adapter_model.safetensors",
         "config 41aa...", "target_id smollm2-135m-instruct", "draft_id head", "domain sql" (or "domain ")."""
         metadata = self.metadata()
+        signed = (("target_id", metadata.target_id), ("draft_id", metadata.draft_id), ("domain", metadata.domain))
         checksum = self.path / CHECKSUM_FILE
         config = self.path / CONFIG_FILE
         lines = [
             "adaptive-spec adapter manifest 1",
             checksum.read_text(errors="replace").rstrip("\n") if checksum.is_file() else "",
             f"config {sha256_file(config) if config.is_file() else ''}",
-            *(f"{key} {metadata.get(key) or ''}" for key in ("target_id", "draft_id", "domain")),
+            *(f"{key} {value or ''}" for key, value in signed),
         ]
         return ("\n".join(lines) + "\n").encode()
 
@@ -289,9 +287,12 @@ class AdapterDir:
 
     def check_models(self, target_id: str, draft_id: str) -> None:
         """The metadata, when it names them, names this target and draft."""
-        check_models(self.metadata(), target_id, draft_id, str(self.path))
+        metadata = self.metadata()
+        check_models(
+            {"target_id": metadata.target_id, "draft_id": metadata.draft_id}, target_id, draft_id, str(self.path)
+        )
 
-    def read(self) -> tuple[dict, dict[str, torch.Tensor], dict]:
+    def read(self) -> tuple[dict, dict[str, torch.Tensor], AdapterMetadata]:
         """(adapter_config, LoRA tensors, metadata), verified (checksum.sha256 optional)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -333,9 +334,6 @@ class AdapterDir:
             )
         return index
 
-    def describe(self) -> dict:
-        return describe(self.metadata())
-
 
 def check_claims(file: Path, actual: str, claims: dict[str, str | None]) -> None:
     """Every sha256 claimed for `file` (by checksum.sha256, the metadata, the registry; None: no
@@ -358,17 +356,6 @@ def _token_ids(ids, vocab_size: int) -> bool:
     return bool(ids) and all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)
 
 
-def describe(metadata: dict) -> dict:
-    """What an operator looks at for a version: the gate's figures, the loss, the lineage, the traffic."""
-    return {
-        "gate": metadata.get("gate") or {},
-        "loss": metadata.get("loss"),
-        "parent_version": metadata.get("parent_version"),
-        "domain_mix": metadata.get("domain_mix"),
-        "records_consumed": metadata.get("records_consumed"),
-    }
-
-
 def trainer_versions(adapters_dir: str | Path) -> dict[int, AdapterDir]:
     """The trainer's version directories (v0001, v0002, ...) by number; {} when there are none."""
     found = {}
@@ -379,7 +366,7 @@ def trainer_versions(adapters_dir: str | Path) -> dict[int, AdapterDir]:
     return dict(sorted(found.items()))
 
 
-def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict]:
+def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], AdapterMetadata]:
     """(adapter_config, LoRA tensors, metadata) from a directory, with the checksum verified."""
     return AdapterDir(path).read()
 

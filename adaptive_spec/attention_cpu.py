@@ -27,10 +27,11 @@ Building takes about 30 s once per machine (cached in `build_dir`).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
+
+from adaptive_spec.options import CoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ _loaded: dict[str, object] = {}
 def load(build_dir: Path | str | None = None):
     """The compiled kernel's `attention(query, key, value, mask, scale)`, or None where it cannot be
     built (no C++ compiler, or ADAPTIVE_SPEC_CPU_ATTENTION=0)."""
-    if os.environ.get("ADAPTIVE_SPEC_CPU_ATTENTION", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not CoreSettings.from_env().cpu_attention:
         return None
     key = "kernel"  # one build per process, wherever the first caller keeps it
     if key not in _loaded:

@@ -142,6 +142,8 @@ ENV_PREFIX = "ADAPTIVE_SPEC_"  # every other setting: ADAPTIVE_SPEC_<FIELD>
 DATA_DIR_ENV = ENV_PREFIX + "DATA_DIR"
 SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"  # the trainer signs versions with it, servers refuse the others
 COMPILE_ENV = ENV_PREFIX + "COMPILE"  # 0: decode eagerly (tests; a machine without a C++ compiler)
+CPU_ATTENTION_ENV = ENV_PREFIX + "CPU_ATTENTION"  # 0: the compiled step attends with exact.attention, no C++ kernel
+CPU_LINEAR_ENV = ENV_PREFIX + "CPU_LINEAR"  # auto (timed), 1 (always) or 0 (never): cpu_linear.py
 
 
 def redact_url(url: str) -> str:

@@ -35,13 +35,14 @@ timing, =auto (the default) calibrates. Prefill-sized inputs and anything that n
 from __future__ import annotations
 
 import logging
-import os
 import time
 import types
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from adaptive_spec.options import OFF, CoreSettings
 
 MAX_ROWS = 16  # beyond this (prefill), the stock GEMM is as fast or faster
 CALIBRATE_BYTES = 64 * 2**20  # fp32 linear weights past this stream from memory: time both orders
@@ -54,11 +55,11 @@ _calibrated = False
 
 
 def _mode() -> str:
-    return os.environ.get("ADAPTIVE_SPEC_CPU_LINEAR", "auto").strip().lower()
+    return CoreSettings.from_env().cpu_linear
 
 
 def enabled() -> bool:
-    return _mode() not in ("0", "false", "no", "off")
+    return _mode() not in OFF
 
 
 def choices() -> dict[int, bool]:

@@ -18,28 +18,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from adaptive_spec import attention, compiled, cpu_linear, exact, kv
-from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
+from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots, build_slot
 from adaptive_spec.batch import Batch
 from adaptive_spec.constraints import Penalties
-from adaptive_spec.contracts import COMPILE_ENV, DEFAULT_DRAFT, DEFAULT_MODEL
+from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import WHITESPACE, GrammarError, Grammars
-from adaptive_spec.models import data_dir, load_model, resolve_device, serving_dtype
+from adaptive_spec.models import load_model, resolve_device, serving_dtype
+from adaptive_spec.options import CoreSettings
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
@@ -57,6 +56,10 @@ class Engine:
     `draft` is a draft spec (`head`, the default; `early-exit:N`, `ngram`, `ngram:N`, `ngram+<draft>`),
     a model sharing the target's vocabulary, a `Drafter`, the target itself, or None for plain
     decoding only. With `k=None` (the default) k is chosen per step by `DynamicK`; an integer fixes it.
+
+    Its public methods are many because it is the one object a user holds: the Python API (generate,
+    stream, generate_batch), what a server builds requests and batches with, the adapter swaps, what a
+    `Batch` asks of it (finish, clock) and what the benchmarks report (path, dtype_name, exactness).
     """
 
     def __init__(
@@ -138,10 +141,11 @@ class Engine:
         The fast path is the default: `dtype="auto"` serves bf16 where the device computes it natively
         and the exactness check passes (fp32 otherwise), and `compile=None` compiles the decoding step
         unless ADAPTIVE_SPEC_COMPILE=0 (compiled code is cached under the data directory's `compile/`)."""
+        env = CoreSettings.from_env()
         if compile is None:
-            compile = os.environ.get(COMPILE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+            compile = env.compile
         if compile:
-            kwargs.setdefault("compile_dir", data_dir() / "compile")
+            kwargs.setdefault("compile_dir", env.data_dir / "compile")
         dev = resolve_device(device)
         dt = serving_dtype(dtype, dev)
         model, tokenizer = load_model(target, dev, dt)
@@ -290,23 +294,10 @@ class Engine:
         swap itself waits for the current step to end. A bad adapter raises `AdapterError` and
         the served one stays. See `adapters.py` and `adapter_slots.py`.
         """
-        from adaptive_spec import adapters
-
         drafter = self._adaptable_drafter()
-        # Off the thread that built the engine (a watcher, a trainer), the build runs on one OpenMP
-        # thread: a thread that runs a parallel region keeps a team of workers while it lives, and
-        # once they outnumber the CPUs every region of every decoding step waits for a wake-up
-        # (service/worker.py; 41 -> 70 ms per token on 2 cores after one build on another thread).
-        with nullcontext() if threading.get_ident() == self._home_thread else _one_torch_thread():
-            config, tensors, metadata = adapters.read_adapter(path)
-            weights = drafter.build_weights(config, tensors)
-            vocab = drafter.new_vocab()
-            vocab.restrict(adapters.read_vocab(path, self.vocab_size))
-            ngrams = adapters.read_ngrams(path, self.vocab_size)  # for ngram+ drafts (free_first.py)
-        gated = metadata.get("gate", {}).get("candidate", {}).get("greedy_match")
-        version = version or str(metadata.get("version", Path(path).name))
-        nbytes = sum(t.numel() * t.element_size() for t in weights.parameters())
-        return self._swap(domain, AdapterSlot(version, domain, weights, vocab, gated, nbytes, ngrams))
+        off_home_thread = threading.get_ident() != self._home_thread  # a watcher's, a trainer's
+        slot = build_slot(drafter, path, version, domain, self.vocab_size, one_thread=off_home_thread)
+        return self._swap(domain, slot)
 
     def unload_adapter(self, domain: str | None = None) -> float:
         """Stop serving the adapter of `domain` (None: the general one, so the base draft)."""
@@ -451,14 +442,3 @@ class Engine:
             return self._grammars.compile(response_format)
         except GrammarError as exc:
             raise InputError(str(exc)) from None
-
-
-@contextmanager
-def _one_torch_thread():
-    """torch work on this thread with one OpenMP thread; the default is restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
-from adaptive_spec.contracts import DATA_DIR_ENV, DEFAULT_DATA_DIR, DEFAULT_MODEL
+from adaptive_spec.contracts import DEFAULT_MODEL
+from adaptive_spec.options import CoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class ModelLoadError(RuntimeError):
 
 def data_dir() -> Path:
     """Where adaptive-spec keeps its state: `$ADAPTIVE_SPEC_DATA_DIR`, else `./.adaptive-spec`."""
-    return Path(os.environ.get(DATA_DIR_ENV, DEFAULT_DATA_DIR))
+    return CoreSettings.from_env().data_dir
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -8,11 +8,13 @@
     class Settings(ModelOptions, EnvSettings):   # flat: target, draft, k, dtype, device, then its own fields
         port: int = 8000
     Settings.from_env(port=8001)                 # defaults, then ADAPTIVE_SPEC_<FIELD>, then the overrides given
+    CoreSettings.from_env().data_dir             # what the core library itself reads from the environment
 
 A process's settings type holds its defaults once: the command line takes its flags' defaults from
 there (`None` on the command line means "not given": the environment or the default decides), and
 `from_env` reads every field from `ADAPTIVE_SPEC_<FIELD>` (or the name in `ENV_NAMES`), parsed by
-the field's type. `k` also takes `dynamic` (None: dynamic k).
+the field's type. `k` also takes `dynamic` (None: dynamic k). The core library, which has no process
+of its own, reads its few variables through `CoreSettings`.
 """
 
 from __future__ import annotations
@@ -25,13 +27,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL, ENV_PREFIX
+from adaptive_spec.contracts import (
+    COMPILE_ENV,
+    CPU_ATTENTION_ENV,
+    CPU_LINEAR_ENV,
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
+    ENV_PREFIX,
+)
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 MIN_SECRET_CHARS = 16
 # Values that ship in examples and templates; a deployment that still holds one is open to anyone who read them.
 PLACEHOLDERS = ("changeme", "replaceme", "placeholder", "yourtoken", "yourapikey", "yoursecret", "example", "secret")
 DYNAMIC_K = "dynamic"
+OFF = ("0", "false", "no", "off")  # a CoreSettings switch is off for these (any case, spaces trimmed)
 
 S = TypeVar("S", bound="EnvSettings")
 
@@ -85,6 +97,46 @@ class EnvSettings:
                 values[field.name] = _parse(field.name, hints[field.name], raw, name)
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreSettings:
+    """What the core library reads from the environment, in one place (STYLE.md §9). The core has no
+    process of its own (a notebook imports it), so nothing is read at import: the code that decides
+    calls `CoreSettings.from_env()` then, and hears a variable set after import (the CLI's --data-dir,
+    a test's monkeypatch).
+
+    | field | environment | default |
+    |---|---|---|
+    | compile | ADAPTIVE_SPEC_COMPILE | on: `Engine.from_pretrained(compile=None)` compiles the decoding step |
+    | cpu_attention | ADAPTIVE_SPEC_CPU_ATTENTION | on: the compiled step's C++ attention kernel (attention_cpu.py) |
+    | cpu_linear | ADAPTIVE_SPEC_CPU_LINEAR | auto: fp32 CPU products in the order timed faster; 1 always, 0 never |
+    | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: the converted models, compiled code |
+
+    A switch is off for 0, false, no or off and on for anything else, an empty value included: not
+    `EnvSettings`' parsing (on only for 1, true, yes or on), and kept so because these variables always
+    read so. Example: ADAPTIVE_SPEC_COMPILE=Off and ADAPTIVE_SPEC_CPU_LINEAR=" 1 " give compile=False,
+    cpu_linear="1".
+    """
+
+    compile: bool = True
+    cpu_attention: bool = True
+    cpu_linear: str = "auto"  # "auto" (timed), "1" (always) or an OFF word (never): cpu_linear.py
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CoreSettings:
+        env = os.environ if environ is None else environ
+        return cls(
+            compile=_switch(env.get(COMPILE_ENV, "1")),
+            cpu_attention=_switch(env.get(CPU_ATTENTION_ENV, "1")),
+            cpu_linear=env.get(CPU_LINEAR_ENV, "auto").strip().lower(),
+            data_dir=Path(env.get(DATA_DIR_ENV, DEFAULT_DATA_DIR)),
+        )
+
+
+def _switch(raw: str) -> bool:
+    return raw.strip().lower() not in OFF
 
 
 def check_secret(env_name: str, value: str) -> str:

@@ -55,6 +55,7 @@ import socket
 import time
 from pathlib import Path
 
+from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import ARTIFACT_PATH, CHAMPION, METADATA_FILE, SHA_TAG
 from registry.aliases import RegistryAliases, alias_pair
@@ -98,9 +99,9 @@ class AdapterRegistry(RegistryAliases):
             metadata = AdapterDir(adapter_dir).metadata()
         except AdapterError as exc:
             raise RegistryError(str(exc)) from None
-        if not metadata:
+        if metadata.empty:
             raise RegistryError(f"{adapter_dir}: no {METADATA_FILE}; not an adapter the trainer wrote")
-        sha, domain = metadata.get(SHA_TAG), metadata.get("domain") or None
+        sha, domain = metadata.adapter_sha256, metadata.domain or None
         alias_pair(domain)  # a name no alias can carry is refused before anything is written
         with self._mlflow("register"):
             self._ensure_model(metadata)
@@ -169,8 +170,8 @@ class AdapterRegistry(RegistryAliases):
 
     # ---------------------------------------------------------------- helpers
 
-    def _ensure_model(self, metadata: dict) -> None:
-        pair = {"target_id": str(metadata.get("target_id")), "draft_id": str(metadata.get("draft_id"))}
+    def _ensure_model(self, metadata: AdapterMetadata) -> None:
+        pair = {"target_id": str(metadata.target_id), "draft_id": str(metadata.draft_id)}
         try:
             model = self.client.get_registered_model(self.model_name)
         except Exception as exc:
@@ -211,7 +212,7 @@ class AdapterRegistry(RegistryAliases):
                     self._experiment_id = self.client.get_experiment_by_name(self.experiment).experiment_id
         return self._experiment_id
 
-    def _log_run(self, adapter_dir: Path, metadata: dict) -> str:
+    def _log_run(self, adapter_dir: Path, metadata: AdapterMetadata) -> str:
         from mlflow.entities import Metric, Param
 
         run = self.client.create_run(

@@ -7,7 +7,7 @@ names of each domain.
     domain_aliases("sql")                        # ("champion-sql", "previous-sql"); None -> ("champion", "previous")
     champions_of({"champion": "3", "champion-sql": "5", "previous": "2"})   # {None: "3", "sql": "5"}
 
-All of it is read from the adapter's adaptive_spec_adapter.json (adapters.AdapterDir.metadata), so
+All of it is read from the adapter's adaptive_spec_adapter.json (adapter_metadata.AdapterMetadata), so
 the registry shows exactly what the trainer recorded: the training settings as params, the gate's
 figures and the loss as metrics, the lineage as tags. A figure that is missing or not finite (the
 gate over zero held-out positions gives NaN) is left out rather than logged as a number it is not.
@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.contracts import ACTION_TAG, CHAMPION, EVENT_TAG, SHA_TAG, champion_alias, previous_alias
 
 DOMAIN_TAG = "domain"  # version (and run) tag: the domain it was trained for; absent for the general adapter
@@ -134,28 +135,24 @@ def registered_adapter(model_version, metrics: dict, aliases: dict[str, str]) ->
     )
 
 
-def run_figures(metadata: dict) -> tuple[dict[str, str], dict[str, float]]:
+def run_figures(metadata: AdapterMetadata) -> tuple[dict[str, str], dict[str, float]]:
     """(params, metrics) of the run that registers an adapter, from its metadata."""
-    settings = metadata.get("settings") or {}
+    settings = metadata.settings or {}
     params = {
         "lr": settings.get("lr"),
         "rank": settings.get("r"),
         "lora_alpha": settings.get("alpha"),
         "target_modules": ",".join(settings.get("target_modules") or []),
         "loss_kind": settings.get("loss"),
-        "records_used": metadata.get("records_used"),
-        "tokens_used": metadata.get("tokens_used"),
-        "records_consumed": metadata.get("records_consumed"),
-        "tokens_consumed": metadata.get("tokens_consumed"),
-        "steps": metadata.get("steps"),
-        "round_steps": metadata.get("round_steps"),
+        "records_used": metadata.records_used,
+        "tokens_used": metadata.tokens_used,
+        "records_consumed": metadata.records_consumed,
+        "tokens_consumed": metadata.tokens_consumed,
+        "steps": metadata.steps,
+        "round_steps": metadata.round_steps,
     }
-    gate = metadata.get("gate") or {}
-    metrics = {
-        "loss": metadata.get("loss"),
-        "first_loss": metadata.get("first_loss"),
-        "last_loss": metadata.get("last_loss"),
-    }
+    gate = metadata.gate or {}
+    metrics = {"loss": metadata.loss, "first_loss": metadata.first_loss, "last_loss": metadata.last_loss}
     for side in ("candidate", "champion"):
         for key, value in (gate.get(side) or {}).items():
             metrics[f"{side}_{key}"] = value
@@ -165,18 +162,18 @@ def run_figures(metadata: dict) -> tuple[dict[str, str], dict[str, float]]:
     )
 
 
-def version_tags(metadata: dict, adapter_dir: Path) -> dict[str, str]:
-    gate = metadata.get("gate") or {}
+def version_tags(metadata: AdapterMetadata, adapter_dir: Path) -> dict[str, str]:
+    gate = metadata.gate or {}
     tags = {
-        "target_id": metadata.get("target_id"),
-        "draft_id": metadata.get("draft_id"),
-        "base_version": metadata.get("base_version"),
-        "parent_version": metadata.get("parent_version"),
-        "trainer_version": metadata.get("version"),
+        "target_id": metadata.target_id,
+        "draft_id": metadata.draft_id,
+        "base_version": metadata.base_version,
+        "parent_version": metadata.parent_version,
+        "trainer_version": metadata.version,
         "adapter_dir": adapter_dir.name,
-        "domain_mix": json.dumps(metadata.get("domain_mix") or {}, sort_keys=True),
-        DOMAIN_TAG: metadata.get("domain") or None,
-        SHA_TAG: metadata.get(SHA_TAG),
+        "domain_mix": json.dumps(metadata.domain_mix or {}, sort_keys=True),
+        DOMAIN_TAG: metadata.domain or None,
+        SHA_TAG: metadata.adapter_sha256,
         "gate_reason": gate.get("reason"),
     }
     return {key: str(value) for key, value in tags.items() if value is not None}

@@ -47,7 +47,8 @@ from pathlib import Path
 
 import redis
 
-from adaptive_spec.adapters import AdapterDir, AdapterError, describe
+from adaptive_spec.adapter_metadata import AdapterMetadata
+from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, stats_bucket_key
 from adaptive_spec.stats import RequestStats
 from service.drift import DriftSettings, DriftState, check
@@ -168,7 +169,7 @@ class StatsRecorder(StatsQueries):
         by: str | None = None,
         *,
         adapter_dir: str | Path | None = None,
-        metadata: dict | None = None,
+        metadata: AdapterMetadata | None = None,
         at: float | None = None,
         domain: str | None = None,
     ) -> None:
@@ -181,13 +182,13 @@ class StatsRecorder(StatsQueries):
             raise ValueError(f"kind must be one of {MARK_KINDS}, got {kind!r}")
         if metadata is None and adapter_dir is not None:
             metadata = _metadata(AdapterDir(adapter_dir))
-        if metadata:
+        if metadata is not None and not metadata.empty:
             self.adapter_loaded(version, metadata)
         self._queue_event(kind, version, by or "unknown", at, domain)
 
-    def adapter_loaded(self, version: str | None, metadata: dict) -> None:
+    def adapter_loaded(self, version: str | None, metadata: AdapterMetadata) -> None:
         """Keep an adapter's gate figures (from its adaptive_spec_adapter.json) for the summary."""
-        info = {"version": version_label(version), **describe(metadata), "loaded_at": time.time()}
+        info = {"version": version_label(version), **metadata.describe(), "loaded_at": time.time()}
         with self._lock:
             self._pending_adapters[version_label(version)] = json.dumps(info, default=_json_safe)
 
@@ -286,12 +287,12 @@ class StatsRecorder(StatsQueries):
         return check(sums, ((info or {}).get("gate") or {}).get("candidate") or {}, label, settings, now)
 
 
-def _metadata(adapter: AdapterDir) -> dict:
-    """A marker with no gate figures beats no marker: an unreadable metadata file reads as {}."""
+def _metadata(adapter: AdapterDir) -> AdapterMetadata:
+    """A marker with no gate figures beats no marker: an unreadable metadata file reads as empty."""
     try:
         return adapter.metadata()
     except AdapterError:
-        return {}
+        return AdapterMetadata()
 
 
 def _json_safe(value):

@@ -11,7 +11,7 @@ from tiny import tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
-from adaptive_spec.contracts import NGRAMS_FILE, NGRAMS_SHA_KEY, VOCAB_FILE, VOCAB_SHA_KEY
+from adaptive_spec.contracts import NGRAMS_FILE, VOCAB_FILE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -197,7 +197,7 @@ def test_an_n_gram_index_is_sealed_with_the_weights_and_loads_into_the_slot(tmp_
     target = tiny_target(3)
     version = sealed_with_index(target, tmp_path / "v1")
     digests = {WEIGHTS_FILE: sha256_file(version.weights), NGRAMS_FILE: sha256_file(version.ngrams_file)}
-    assert version.checksums() == digests and version.metadata()[NGRAMS_SHA_KEY] == digests[NGRAMS_FILE]
+    assert version.checksums() == digests and version.metadata().ngrams_sha256 == digests[NGRAMS_FILE]
     assert subprocess.run(["sha256sum", "--quiet", "-c", CHECKSUM_FILE], cwd=version.path).returncode == 0
     assert version.verify() == digests[WEIGHTS_FILE]
 
@@ -226,7 +226,7 @@ def test_a_sealed_draft_vocabulary_is_checked_like_the_weights(tmp_path):
         return adapter
 
     sealed = version("sealed")
-    assert sealed.checksums()[VOCAB_FILE] == sealed.metadata()[VOCAB_SHA_KEY] == sha256_file(sealed.vocab_file)
+    assert sealed.checksums()[VOCAB_FILE] == sealed.metadata().vocab_sha256 == sha256_file(sealed.vocab_file)
     engine.load_adapter(sealed.path, "7")
     older = version("older", after_seal=True)
     engine.load_adapter(older.path, "8")

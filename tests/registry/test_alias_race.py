@@ -34,7 +34,7 @@ from support import child_env
 from tiny import tiny_target
 
 from adaptive_spec.adapters import AdapterDir
-from adaptive_spec.contracts import NOT_PROMOTED_TAG, SHA_TAG
+from adaptive_spec.contracts import NOT_PROMOTED_TAG
 from cli.adapters import describe_move
 from registry.client import AdapterRegistry
 from trainer.promotion.pending import PendingRegistrations
@@ -64,7 +64,7 @@ def one_round(registry, pending, candidate: Path, parent: str, delay_s: float) -
 
     rollback = threading.Thread(target=roll_back)
     rollback.start()
-    own = AdapterDir(candidate).metadata()[SHA_TAG]
+    own = AdapterDir(candidate).metadata().adapter_sha256
     pending.submit(SimpleNamespace(path=candidate, parent_sha256=parent, sha256=own))
     rollback.join(60)
     version = pending.registered[-1]
@@ -84,7 +84,7 @@ def test_rollbacks_racing_queued_promotions_always_end_consistent(store, tmp_pat
     first, second = (write_adapter(target, 1, tmp_path / f"v{i}", seed=i, version=i) for i in (1, 2))
     registry.register(first, by="test:setup")
     registry.register(second, by="test:setup")
-    parent = AdapterDir(second).metadata()[SHA_TAG]
+    parent = AdapterDir(second).metadata().adapter_sha256
     pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test")
 
     started = time.monotonic()  # how long one queued registration takes here: the rollbacks spread over it

@@ -38,7 +38,7 @@ from tiny import llama, tiny_target
 
 import cli
 from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
-from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME, SHA_TAG
+from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 from trainer.promotion.pending import PendingRegistrations
 
@@ -305,7 +305,7 @@ def test_a_rollback_made_while_a_queued_promotion_uploads_stands(sqlite_dir, ada
 
     monkeypatch.setattr(registry, "_log_run", upload_then_rollback)
     pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test")
-    parent, own = (AdapterDir(path).metadata()[SHA_TAG] for path in adapters[1:])
+    parent, own = (AdapterDir(path).metadata().adapter_sha256 for path in adapters[1:])
     pending.submit(SimpleNamespace(path=adapters[2], parent_sha256=parent, sha256=own))  # trained from 2
     assert pending.registered == ["3"] and pending.not_promoted == ["3"]
     assert registry.aliases() == {"champion": "1"}
@@ -317,7 +317,7 @@ def test_a_queued_domain_adapter_moves_its_domains_aliases(sqlite_dir, adapters,
     registry = fresh((f"sqlite:///{sqlite_dir / 'mlflow.db'}", sqlite_dir))
     registry.register(adapters[0], by="trainer:test")  # champion 1
     pending = PendingRegistrations(registry, tmp_path / "pending.json", by="trainer:test")
-    general, first = (AdapterDir(path).metadata()[SHA_TAG] for path in (adapters[0], sql_adapter))
+    general, first = (AdapterDir(path).metadata().adapter_sha256 for path in (adapters[0], sql_adapter))
     pending.submit(SimpleNamespace(path=sql_adapter, parent_sha256=general, sha256=first))
     assert pending.registered == ["2"] and pending.not_promoted == []
     assert registry.aliases() == {"champion": "1", "champion-sql": "2"}
@@ -325,7 +325,9 @@ def test_a_queued_domain_adapter_moves_its_domains_aliases(sqlite_dir, adapters,
 
     second = write_adapter(tiny_target(0), 1, tmp_path / "v0005", seed=5, version=5, domain="sql")
     registry.rollback(to="1", by="cli:alice@host", domain="sql")  # an operator moved sql off its parent
-    pending.submit(SimpleNamespace(path=second, parent_sha256=first, sha256=AdapterDir(second).metadata()[SHA_TAG]))
+    pending.submit(
+        SimpleNamespace(path=second, parent_sha256=first, sha256=AdapterDir(second).metadata().adapter_sha256)
+    )
     assert pending.registered == ["2", "3"] and pending.not_promoted == ["3"]
     assert registry.champions() == {None: "1", "sql": "1"}
 

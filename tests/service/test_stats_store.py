@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 
+from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
 from adaptive_spec.contracts import stats_bucket_key as bucket_key
 from adaptive_spec.stats import RequestStats, StepStats
@@ -213,16 +214,16 @@ def test_markers_of_one_swap_on_several_replicas_merge(redis_client, redis_url):
     assert len(events) == 1 and events[0]["replicas"] == 3
 
 
-def gate_metadata(greedy_match: float, expected_acceptance: float) -> dict:
-    return {
-        "version": 3,
-        "loss": 1.5,
-        "gate": {
+def gate_metadata(greedy_match: float, expected_acceptance: float) -> AdapterMetadata:
+    return AdapterMetadata(
+        version=3,
+        loss=1.5,
+        gate={
             "candidate": {"greedy_match": greedy_match, "expected_acceptance": expected_acceptance, "positions": 432},
             "champion": {"greedy_match": 0.1, "expected_acceptance": 0.1, "positions": 432},
             "reason": "gain",
         },
-    }
+    )
 
 
 @pytest.mark.parametrize("accepted_first, alert", [(2, True), (5, False)])  # of 10 drafting steps per request

@@ -318,7 +318,7 @@ def test_target_weights_are_bit_identical_after_training(run):
 def test_save_writes_a_peft_adapter_that_reloads_to_the_same_figures(run, tmp_path):
     path = run.trainer.save(tmp_path / "v1")
     assert {"adapter_config.json", "adapter_model.safetensors", METADATA_FILE} <= {p.name for p in path.iterdir()}
-    metadata = AdapterDir(path).metadata()
+    metadata = AdapterDir(path).metadata().to_dict()
     assert metadata["draft_id"] == "early-exit:1" and metadata["target_id"] == "tiny-llama"
     assert metadata["steps"] == STEPS and metadata["settings"]["lr"] == SETTINGS.lr
     assert 0 < metadata["records_used"] <= len(run.train_records)
@@ -327,7 +327,7 @@ def test_save_writes_a_peft_adapter_that_reloads_to_the_same_figures(run, tmp_pa
 
     champion = DraftTrainer(build_early_exit(run.target, 1), LoraSettings(r=4), init_adapter=path)
     assert champion.settings.r == 16  # the adapter's own shape wins
-    assert champion.parent_metadata["steps"] == STEPS
+    assert champion.parent_metadata.steps == STEPS
     assert draft_agreement(champion.model, run.holdout) == run.trained
     fresh = DraftTrainer(build_early_exit(run.target, 1), SETTINGS)
     fresh.load(path)

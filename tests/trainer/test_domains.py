@@ -135,7 +135,7 @@ def test_each_domain_trains_and_promotes_its_own_adapter(trained):
     print("\n" + "\n".join(f"{r.domain}: {r.reason}" for r in results))
     assert {r.domain for r in promoted} >= {"json", "sql"}
     for result in promoted:
-        metadata = AdapterDir(trainer.versions.path(result.version)).metadata()
+        metadata = AdapterDir(trainer.versions.path(result.version)).metadata().to_dict()
         assert metadata["domain"] == result.domain
         if result.domain is not None:  # trained on its own domain's records only
             assert set(metadata["domain_mix"]) == {result.domain}

@@ -262,7 +262,7 @@ def _restored(trainer: HeadTrainer, saved) -> torch.nn.Module:
 def test_a_saved_version_reloads_into_a_trainer_with_the_same_figures(run, tmp_path):
     path = run.trainer.save(tmp_path / "v1")
     assert {"adapter_config.json", "adapter_model.safetensors", METADATA_FILE} <= {p.name for p in path.iterdir()}
-    metadata = AdapterDir(path).metadata()
+    metadata = AdapterDir(path).metadata().to_dict()
     assert metadata["draft_id"] == "head" and metadata["draft_config"]["kind"] == "head"
     assert metadata["steps"] == STEPS and metadata["settings"]["unroll"] == 2
     champion = HeadTrainer(TrainableHead(run.target), HeadSettings(r=4), init_adapter=path)

@@ -40,7 +40,7 @@ from traffic import greedy_records
 
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
-from adaptive_spec.contracts import METADATA_FILE, NGRAMS_FILE, NGRAMS_SHA_KEY, TRAINER_STATUS_KEY
+from adaptive_spec.contracts import METADATA_FILE, NGRAMS_FILE, TRAINER_STATUS_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.ngram_index import MAX_ENTRIES
 from adaptive_spec.record import CorrectionRecord
@@ -202,7 +202,7 @@ def test_version_directory_is_a_peft_adapter_with_gate_figures_and_a_checksum_th
     digest = hashlib.sha256((path / "adapter_model.safetensors").read_bytes()).hexdigest()
     listed = (path / "checksum.sha256").read_text().splitlines()  # the weights, then the n-gram index
     assert listed[0] == f"{digest}  adapter_model.safetensors"
-    metadata = AdapterDir(path).metadata()
+    metadata = AdapterDir(path).metadata().to_dict()
     assert metadata["adapter_sha256"] == digest == version.sha256 and AdapterDir(path).verify()
 
     assert metadata["version"] == 1 and metadata["parent_version"] is None and metadata["base_version"] == "tiny-base"
@@ -234,7 +234,7 @@ def test_a_promoted_version_ships_the_n_gram_index_of_its_outputs_and_a_server_c
     version = AdapterDir(path)
     index = version.ngrams(VOCAB)
     assert index and len(index) <= MAX_ENTRIES
-    assert version.checksums()[NGRAMS_FILE] == version.metadata()[NGRAMS_SHA_KEY] == sha256_file(version.ngrams_file)
+    assert version.checksums()[NGRAMS_FILE] == version.metadata().ngrams_sha256 == sha256_file(version.ngrams_file)
     buffered = trainer.buffer.recent_outputs(RECORDS * NEW_TOKENS)  # (prompt, output), newest first: all of them
     assert len(buffered) == len(trainer.buffer) and all(len(output) == NEW_TOKENS for _, output in buffered)
     for ngram, continuation in index.items():

@@ -204,7 +204,7 @@ def test_trainer_adopts_a_rollback_and_its_next_candidate_must_beat_the_rolled_b
     promoted = [r for r in rounds if r.result.promoted]
     assert promoted, "a candidate trained from version 1 beats it"
     new = promoted[0].result
-    metadata = AdapterDir(setup.root / "data" / "adapters" / f"v{new.version:04d}").metadata()
+    metadata = AdapterDir(setup.root / "data" / "adapters" / f"v{new.version:04d}").metadata().to_dict()
     assert metadata["parent_sha256"] == sha256_file(v1_dir / WEIGHTS_FILE)
     assert metadata["parent_version"] == 1 and metadata["parent_registry_version"] == "1"
     assert_figures_equal(new.champion, served_figures(setup.target, v1_dir, promoted[0].heldout))
@@ -246,7 +246,7 @@ def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_
     other = setup.trainer(setup.root / "other", consumer="trainer-2")
     assert other.sync_registry() is True and other.champion_version == 1 and other.next_version == 2
     installed = setup.root / "other" / "adapters" / "v0001"
-    assert AdapterDir(installed).metadata()["registry_version"] == "1" and AdapterDir(installed).verify()
+    assert AdapterDir(installed).metadata().registry_version == "1" and AdapterDir(installed).verify()
     assert other.registry_versions == {"v0001": "1"} and same(lora(other), v1)
 
     # The alias removed: the base draft is served, so it is the champion to train from and beat.
@@ -262,7 +262,7 @@ def test_alias_moved_or_removed_outside_adaptive_spec_is_adopted_and_survives_a_
     for round_ in rounds:
         if round_.result.promoted:
             assert round_.result.candidate.greedy_match >= round_.result.champion.greedy_match + GATE.margin
-            assert AdapterDir(resumed.adapters_dir / f"v{round_.result.version:04d}").metadata()["parent_sha256"] in (
+            assert AdapterDir(resumed.adapters_dir / f"v{round_.result.version:04d}").metadata().parent_sha256 in (
                 None,
                 *[sha256_file(p / WEIGHTS_FILE) for p in resumed.adapters_dir.glob("v*")],
             )

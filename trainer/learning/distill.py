@@ -57,6 +57,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
+from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import decoder_layers
 from trainer.evaluation.gate import causal_lm, draft_logits
@@ -115,15 +116,56 @@ def position_losses(
 
 
 class TrainedWeights:
-    """What DraftTrainer and HeadTrainer share: the optimiser and counters (`_start`), loading a saved
-    version into the PEFT model, copies of the trained weights, resetting LoRA. Needs `model` and
-    `settings`, then `_start`."""
+    """What DraftTrainer and HeadTrainer share: wrapping the draft in LoRA (`_lora_config`, `_wrap`), the
+    optimiser and counters (`_start`), the optimiser step (`train_step`), loading a saved version into the
+    PEFT model, copies of the trained weights, resetting LoRA. Needs `settings`, then `_wrap`, then
+    `_start`; each trainer brings its own loss (`_group_loss`) and its own layers (`_train_mode`)."""
 
     model: Any
     settings: LoraSettings
     target_id: str
     draft_id: str
     _params: list
+
+    @staticmethod
+    def _lora_config(settings: LoraSettings, init_adapter: str | Path | None, **fresh) -> tuple[LoraSettings, Any]:
+        """(settings, LoraConfig): a saved version's own shape (r, alpha, dropout, target modules) when
+        training continues from `init_adapter`, overriding `settings`; else the settings' shape, with
+        `fresh` (what else a new adapter's LoraConfig says, e.g. task_type or modules_to_save)."""
+        if init_adapter is not None:
+            lora_config = LoraConfig.from_pretrained(str(init_adapter))
+            lora_config.inference_mode = False  # saved adapters say True: they would load frozen
+            settings = dataclasses.replace(
+                settings,
+                r=lora_config.r,
+                alpha=lora_config.lora_alpha,
+                dropout=lora_config.lora_dropout,
+                target_modules=tuple(sorted(lora_config.target_modules)),
+            )
+            return settings, lora_config
+        lora_config = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=list(settings.target_modules),
+            bias="none",
+            **fresh,
+        )
+        return settings, lora_config
+
+    def _wrap(self, model, lora_config, may_train: tuple[str, ...], what: str) -> None:
+        """`self.model`: `model` with LoRA injected in place (drawn under `settings.seed`), in eval mode.
+        AssertionError unless every trainable weight's name holds one of `may_train` (`what` says which)."""
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # PEFT 0.21 asks transformers 5 for the deprecated `is_gradient_checkpointing`.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            torch.manual_seed(self.settings.seed)
+            self.model = get_peft_model(model, lora_config)
+        self.model.eval()
+        trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        strays = [name for name in trainable if not any(part in name for part in may_train)]
+        if not trainable or strays:
+            raise AssertionError(f"only {what} may train, found {strays[:3]}")
 
     def _start(self, init_adapter: str | Path | None) -> None:
         """Once `model` is built: the optimiser over its trainable weights, the counters, and the
@@ -134,7 +176,7 @@ class TrainedWeights:
         self.positions_trained = 0  # with repeats: a replayed example counts each time
         self._records: dict[str, int] = {}  # request_id -> output positions, for records_used / tokens_used
         self.init_adapter = str(init_adapter) if init_adapter is not None else None
-        self.parent_metadata: dict | None = None
+        self.parent_metadata: AdapterMetadata | None = None
         if init_adapter is not None:
             self.load(init_adapter)
 
@@ -167,29 +209,75 @@ class TrainedWeights:
                 f"{what} {adapter_dir} does not match: missing {missing[:3]}, "
                 f"unexpected {list(result.unexpected_keys)[:3]}"
             )
-        self.parent_metadata = AdapterDir(adapter_dir).metadata() or None
+        parent = AdapterDir(adapter_dir).metadata()
+        self.parent_metadata = None if parent.empty else parent
         self.optimizer = self._new_optimizer()
+
+    def train_step(self, examples: Iterable[TrainingExample]) -> float:
+        """One optimiser step on these examples; returns the step's loss, the sum of `_group_loss` over
+        its micro-batches of at most `batch_tokens` padded tokens (gradients accumulate across them).
+
+        With every weight 0 (say accepted_weight=0 and only accepted positions) it returns 0.0 and
+        does not step.
+        """
+        examples = [example for example in examples if example.num_positions]
+        if not examples:
+            raise ValueError("train_step needs at least one example with an output position")
+        settings = self.settings
+        total_weight = sum(float(self._weights(example.accepted).sum()) for example in examples)
+        total_tokens = sum(example.num_tokens for example in examples)
+        if total_weight == 0:
+            return 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        self._train_mode(True)
+        total = 0.0
+        try:
+            for group in micro_batches(examples, settings.batch_tokens):
+                loss = self._group_loss(group, total_weight, total_tokens)
+                loss.backward()
+                total += float(loss.detach())
+        finally:
+            self._train_mode(False)
+        torch.nn.utils.clip_grad_norm_(self._params, settings.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        for example in examples:
+            self.positions_trained += example.num_positions
+            self._records.setdefault(example.request_id, example.num_positions)
+        return total
+
+    def _group_loss(self, group: list[TrainingExample], total_weight: float, total_tokens: int) -> torch.Tensor:
+        """The loss of one micro-batch, its position terms divided by the step's `total_weight` (the sum
+        of its position weights) and any per-token term by `total_tokens`: each trainer's own."""
+        raise NotImplementedError
+
+    def _train_mode(self, mode: bool) -> None:
+        """Train mode (LoRA dropout) on the draft's own layers only, never on modules it shares with the target."""
+        raise NotImplementedError
+
+    def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
+        """[positions] float32 from [positions] bool."""
+        return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()
 
     def _save(self, adapter_dir: Path, draft_config: dict, **extra) -> Path:
         """PEFT's adapter_config.json + adapter_model.safetensors, then adaptive_spec_adapter.json: who
         trained it (target, draft and its shape), how (the settings), from what and on how much; the
         online trainer adds the version's lineage and gate figures when it seals it (promotion/versions.py)."""
         self.model.save_pretrained(str(adapter_dir))
-        metadata = {
-            "format": METADATA_FORMAT,
-            "created_at": time.time(),
-            "target_id": self.target_id,
-            "draft_id": self.draft_id,
-            "draft_config": draft_config,
-            "settings": dataclasses.asdict(self.settings),
-            "init_adapter": self.init_adapter,
-            "steps": self.steps,
-            "records_used": self.records_used,
-            "tokens_used": self.tokens_used,
-            "positions_trained": self.positions_trained,
+        AdapterMetadata().updated(
+            format=METADATA_FORMAT,
+            created_at=time.time(),
+            target_id=self.target_id,
+            draft_id=self.draft_id,
+            draft_config=draft_config,
+            settings=dataclasses.asdict(self.settings),
+            init_adapter=self.init_adapter,
+            steps=self.steps,
+            records_used=self.records_used,
+            tokens_used=self.tokens_used,
+            positions_trained=self.positions_trained,
             **extra,
-        }
-        AdapterDir(adapter_dir).write_metadata(metadata)
+        ).write(adapter_dir)
         return adapter_dir
 
     def lora_state(self) -> dict[str, torch.Tensor]:
@@ -240,77 +328,22 @@ class DraftTrainer(TrainedWeights):
         target_id: str = "target",
         draft_id: str = "draft",
     ) -> None:
-        settings = settings or LoraSettings()
-        if init_adapter is not None:
-            lora_config = LoraConfig.from_pretrained(str(init_adapter))
-            lora_config.inference_mode = False  # saved adapters say True: they would load frozen
-            settings = dataclasses.replace(
-                settings,
-                r=lora_config.r,
-                alpha=lora_config.lora_alpha,
-                dropout=lora_config.lora_dropout,
-                target_modules=tuple(sorted(lora_config.target_modules)),
-            )
-        else:
-            lora_config = LoraConfig(
-                r=settings.r,
-                lora_alpha=settings.alpha,
-                lora_dropout=settings.dropout,
-                target_modules=list(settings.target_modules),
-                bias="none",
-                task_type="CAUSAL_LM",
-            )
-        self.settings = settings
+        self.settings, lora_config = self._lora_config(settings or LoraSettings(), init_adapter, task_type="CAUSAL_LM")
         self.target_id = target_id
         self.draft_id = draft_id
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            # PEFT 0.21 asks transformers 5 for the deprecated `is_gradient_checkpointing`.
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-            torch.manual_seed(settings.seed)
-            self.model = get_peft_model(draft_model, lora_config)
-        self.model.eval()
-        trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
-        if not trainable or any("lora_" not in name for name in trainable):
-            raise AssertionError(f"only LoRA weights may train, found {[n for n in trainable if 'lora_' not in n][:3]}")
+        self._wrap(draft_model, lora_config, ("lora_",), "LoRA weights")
         self._start(init_adapter)
 
-    def train_step(self, examples: Iterable[TrainingExample]) -> float:
-        """One optimiser step on these examples; returns the weighted mean loss over their positions.
-
-        With every weight 0 (say accepted_weight=0 and only accepted positions) it returns 0.0 and
-        does not step.
-        """
-        examples = [example for example in examples if example.num_positions]
-        if not examples:
-            raise ValueError("train_step needs at least one example with an output position")
-        settings = self.settings
-        total_weight = sum(float(self._weights(example.accepted).sum()) for example in examples)
-        if total_weight == 0:
-            return 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        self._private_layers_train(True)
-        total = 0.0
-        try:
-            for group in micro_batches(examples, settings.batch_tokens):
-                batch = collate(group)
-                losses = position_losses(
-                    draft_logits(self.model, batch),
-                    batch.target_topk_ids.to(self.model.device),
-                    batch.target_topk_logprobs.to(self.model.device),
-                    settings.loss,
-                )
-                loss = (self._weights(batch.accepted).to(losses.device) * losses).sum() / total_weight
-                loss.backward()
-                total += float(loss.detach())
-        finally:
-            self._private_layers_train(False)
-        torch.nn.utils.clip_grad_norm_(self._params, settings.max_grad_norm)
-        self.optimizer.step()
-        self.steps += 1
-        for example in examples:
-            self.positions_trained += example.num_positions
-            self._records.setdefault(example.request_id, example.num_positions)
-        return total
+    def _group_loss(self, group: list[TrainingExample], total_weight: float, total_tokens: int) -> torch.Tensor:
+        """The weighted KL (or top-1 cross-entropy) of the module docstring over the group's positions."""
+        batch = collate(group)
+        losses = position_losses(
+            draft_logits(self.model, batch),
+            batch.target_topk_ids.to(self.model.device),
+            batch.target_topk_logprobs.to(self.model.device),
+            self.settings.loss,
+        )
+        return (self._weights(batch.accepted).to(losses.device) * losses).sum() / total_weight
 
     def save(self, adapter_dir: str | Path) -> Path:
         """Write adapter_config.json + adapter_model.safetensors (PEFT) and adaptive_spec_adapter.json."""
@@ -334,11 +367,6 @@ class DraftTrainer(TrainedWeights):
             self._reset_lora()
         self.optimizer.state.clear()
 
-    def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
-        """[positions] float32 from [positions] bool."""
-        return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()
-
-    def _private_layers_train(self, mode: bool) -> None:
-        """Train mode (LoRA dropout) on the draft's own layers only, never on modules it shares with the target."""
+    def _train_mode(self, mode: bool) -> None:
         for layer in decoder_layers(causal_lm(self.model)):
             layer.train(mode)

@@ -70,15 +70,12 @@ own in bench-drift and `adaptive-spec up`; `adaptive-spec train` loads one (540 
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
 
-from trainer.intake.examples import TrainingExample, micro_batches
+from trainer.intake.examples import TrainingExample
 from trainer.learning.distill import LoraSettings, TrainedWeights, position_losses
 from trainer.learning.head_model import HeadBatch, TargetStates, TrainableHead, head_batch, unrolled
 
@@ -159,38 +156,11 @@ class HeadTrainer(TrainedWeights):
             if (settings.r, settings.alpha) == (LoraSettings.r, LoraSettings.alpha):  # the early exit's shape
                 del given["r"], given["alpha"]
             settings = HeadSettings(**given)
-        if init_adapter is not None:
-            lora_config = LoraConfig.from_pretrained(str(init_adapter))
-            lora_config.inference_mode = False  # saved adapters say True: they would load frozen
-            settings = dataclasses.replace(
-                settings,
-                r=lora_config.r,
-                alpha=lora_config.lora_alpha,
-                dropout=lora_config.lora_dropout,
-                target_modules=tuple(sorted(lora_config.target_modules)),
-            )
-        else:
-            lora_config = LoraConfig(
-                r=settings.r,
-                lora_alpha=settings.alpha,
-                lora_dropout=settings.dropout,
-                target_modules=list(settings.target_modules),
-                modules_to_save=["fuse"],
-                bias="none",
-            )
-        self.settings = settings
+        self.settings, lora_config = self._lora_config(settings, init_adapter, modules_to_save=["fuse"])
         self.target_id = target_id
         self.draft_id = draft_id
         self.head = head
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-            torch.manual_seed(settings.seed)
-            self.model = get_peft_model(head, lora_config)
-        self.model.eval()
-        trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
-        strays = [name for name in trainable if "lora_" not in name and ".fuse.modules_to_save." not in name]
-        if not trainable or strays:
-            raise AssertionError(f"only LoRA weights and the fuse may train, found {strays[:3]}")
+        self._wrap(head, lora_config, ("lora_", ".fuse.modules_to_save."), "LoRA weights and the fuse")
         self._fuse = head.fuse.modules_to_save["default"]  # the trained copy; head.fuse.original_module is the base
         self._fuse_start = self._initial_fuse()
         with torch.no_grad():
@@ -201,37 +171,13 @@ class HeadTrainer(TrainedWeights):
     def states(self) -> TargetStates:
         return self.head.states
 
-    def train_step(self, examples: Iterable[TrainingExample]) -> float:
-        """One optimiser step on these examples; returns the step's loss (module docstring).
+    def _group_loss(self, group: list[TrainingExample], total_weight: float, total_tokens: int) -> torch.Tensor:
+        """The step's loss of the module docstring over the group; the examples' target states are
+        computed on first use and kept with them."""
+        return self._loss(head_batch(self.head, [(example, example) for example in group]), total_weight, total_tokens)
 
-        The examples' target states are computed on first use and kept with them.
-        """
-        examples = [example for example in examples if example.num_positions]
-        if not examples:
-            raise ValueError("train_step needs at least one example with an output position")
-        settings = self.settings
-        total_weight = sum(float(self._weights(example.accepted).sum()) for example in examples)
-        total_tokens = sum(example.num_tokens for example in examples)
-        if total_weight == 0:
-            return 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        self.head.layer.train(True)  # LoRA dropout on the head's own layer only
-        total = 0.0
-        try:
-            for group in micro_batches(examples, settings.batch_tokens):
-                batch = head_batch(self.head, [(example, example) for example in group])
-                loss = self._loss(batch, total_weight, total_tokens)
-                loss.backward()
-                total += float(loss.detach())
-        finally:
-            self.head.layer.train(False)
-        torch.nn.utils.clip_grad_norm_(self._params, settings.max_grad_norm)
-        self.optimizer.step()
-        self.steps += 1
-        for example in examples:
-            self.positions_trained += example.num_positions
-            self._records.setdefault(example.request_id, example.num_positions)
-        return total
+    def _train_mode(self, mode: bool) -> None:
+        self.head.layer.train(mode)  # LoRA dropout on the head's own layer only
 
     def _loss(self, batch: HeadBatch, total_weight: float, total_tokens: int) -> torch.Tensor:
         settings = self.settings
@@ -289,7 +235,3 @@ class HeadTrainer(TrainedWeights):
         hidden = weight.shape[0]
         eye = torch.eye(hidden, dtype=weight.dtype, device=weight.device)
         return torch.cat([eye, self.head.embedding_scale * eye], dim=1)
-
-    def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
-        """[positions] float32 from [positions] bool."""
-        return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, trainer_versions
-from adaptive_spec.contracts import NOT_PROMOTED_TAG, SHA_TAG
+from adaptive_spec.contracts import NOT_PROMOTED_TAG
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class PendingRegistrations:
                 entry = queue[0]
                 try:
                     version = self.registry.register(Path(entry["path"]), by=self.by, promote=False)
-                    domain = AdapterDir(entry["path"]).metadata().get("domain") or None  # register read it too
+                    domain = AdapterDir(entry["path"]).metadata().domain or None  # register read it too
                     event = self.registry.promote(  # the check runs under the alias lock, right before the move
                         version, by=self.by, domain=domain, unless=functools.partial(self._abandoned, entry, domain)
                     )
@@ -176,7 +176,7 @@ class PendingRegistrations:
         deleted = []
         for number in old:
             adapter = versions[number]
-            if str(adapter.path.resolve()) in queued or adapter.metadata().get(SHA_TAG) in aliased:
+            if str(adapter.path.resolve()) in queued or adapter.metadata().adapter_sha256 in aliased:
                 continue
             shutil.rmtree(adapter.path, ignore_errors=True)
             deleted.append(adapter.name)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaptive_spec.adapters import AdapterDir, trainer_versions
-from adaptive_spec.contracts import SHA_TAG, version_dir_name
+from adaptive_spec.contracts import version_dir_name
 from trainer.evaluation.gate import GateFigures
 
 
@@ -65,7 +65,7 @@ class VersionDirs:
     def find(self, sha256: str) -> int | None:
         """The number of the version whose weights hash to sha256 (one promoted or adopted before), or None."""
         for number, version in trainer_versions(self.root).items():
-            if version.metadata().get(SHA_TAG) == sha256:
+            if version.metadata().adapter_sha256 == sha256:
                 return number
         return None
 
