@@ -39,12 +39,12 @@ RECIPES = {
     "no-noise": BASE | {"noise": 0.0},
     "noise-0.3": BASE | {"noise": 0.3},
     "rank-4": {"r": 4, "alpha": 8},
-    "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() now
+    "rank-64": {"r": 64, "alpha": 128},  # HeadSettings() before two trained draft steps
     "unroll-2": BASE | {"unroll": 2},
     "lr-3e-3": BASE | {"lr": 3e-3},
     "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2},
     "unroll-3-rank-64": {"r": 64, "alpha": 128, "unroll": 3},
-    "unroll-2-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5},
+    "unroll-2-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5},  # HeadSettings() now
     "unroll-2-decay-0.3-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.3},
     "unroll-3-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 3, "unroll_decay": 0.5},
     "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
