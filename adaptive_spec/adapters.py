@@ -214,8 +214,9 @@ class AdapterDir:
         if bad:
             raise AdapterError(f"{self.path}: {', '.join(bad[:3])} hold NaN or Inf weights", "corrupt")
 
-    def _verify_shipped(self, file: Path, recorded: str | None, listed: dict[str, str], *,
-                        must_be_listed: bool) -> None:  # fmt: skip
+    def _verify_shipped(
+        self, file: Path, recorded: str | None, listed: dict[str, str], *, must_be_listed: bool
+    ) -> None:
         """A file the version ships beside its weights hashes to its line of checksum.sha256 and to
         what the metadata `recorded` for it; one they list that is gone is missing. With
         `must_be_listed` (an n-gram index in a sealed directory) a file they do not list was added

@@ -75,7 +75,9 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     """The attention interface of a compiled model: the invariant kernel as one opaque operator."""
     if attention_mask is None or attention_mask.dtype != torch.bool or softcap is not None:
         return exact.attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
-    return attention_op(query, key, value, attention_mask, float(scaling if scaling is not None else query.shape[-1] ** -0.5)), None  # fmt: skip
+    return attention_op(
+        query, key, value, attention_mask, float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+    ), None
 
 
 NAME = "adaptive_spec_compiled"

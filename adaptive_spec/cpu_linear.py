@@ -131,7 +131,10 @@ def calibrate(weights: list[torch.Tensor], reps: int = 1) -> dict[int, bool]:
     for rows in range(1, MAX_ROWS + 1):
         _transposed[rows] = faster[max(r for r in CALIBRATE_ROWS if r <= rows)]
     _calibrated = True
-    log.info("cpu_linear: (W @ x.T).T at rows %s, nn.Linear at rows %s (calibrated in %.1f s)",
-             [r for r, t in _transposed.items() if t], [r for r, t in _transposed.items() if not t],
-             time.perf_counter() - started)  # fmt: skip
+    log.info(
+        "cpu_linear: (W @ x.T).T at rows %s, nn.Linear at rows %s (calibrated in %.1f s)",
+        [r for r, t in _transposed.items() if t],
+        [r for r, t in _transposed.items() if not t],
+        time.perf_counter() - started,
+    )
     return choices()

@@ -378,8 +378,8 @@ class Engine:
             raise InputError(f"domain must be a non-empty string or None, got {domain!r}")
         if logprobs is not None and (not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS):
             raise InputError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {logprobs!r}")
-        penalties = Penalties(float(frequency_penalty), float(presence_penalty), float(repetition_penalty),
-                              tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items())))  # fmt: skip
+        bias = tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items()))
+        penalties = Penalties(float(frequency_penalty), float(presence_penalty), float(repetition_penalty), bias)
         try:
             penalties.validate(self.vocab_size)
         except ValueError as exc:
@@ -408,8 +408,8 @@ class Engine:
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the
             # same draft and adapter version); the distribution is the target's either way.
             k = SEEDED_K
-        return Request(self.encode_prompt(prompt), max_new_tokens, params, k, stops, speculative, generator, domain,
-                       penalties, grammar, logprobs)  # fmt: skip
+        fields = (max_new_tokens, params, k, stops, speculative, generator, domain, penalties, grammar, logprobs)
+        return Request(self.encode_prompt(prompt), *fields)
 
     def requests(self, prompt, n: int, *args, **kwargs) -> list[Request]:
         """`n` requests for one prompt (OpenAI's `n`): the same options, each with its own random

@@ -374,12 +374,19 @@ def feed(
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
-            states = decoder(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                             use_cache=True).last_hidden_state  # [n, width, hidden]  # fmt: skip
+            states = decoder(
+                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+            ).last_hidden_state  # [n, width, hidden]
             out = states[:, -1]
         else:
-            logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
-                           use_cache=True, logits_to_keep=0 if all_logits else 1).logits  # [n, width or 1, vocab]  # fmt: skip
+            logits = model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+            ).logits  # [n, width or 1, vocab]
             out = logits if all_logits else logits[:, -1]
     for row, n in zip(rows, fed, strict=True):
         cache.set_length(row, cache.lengths[row] + n)

@@ -76,8 +76,14 @@ class DraftHead(nn.Module):
         takes_type = "layer_type" in inspect.signature(target.model.rotary_emb.forward).parameters
         self._rotary_kwargs = {"layer_type": self.layer_type} if takes_type else {}
 
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, past_key_values=None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+    ) -> torch.Tensor:
         """input_ids [n, width]; features [n, width, hidden], the target's state at each previous
         position -> the predicted target state at each position, [n, width, hidden]. Without a
         cache or mask (training) the attention is causal over the width."""
@@ -85,8 +91,13 @@ class DraftHead(nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
         fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
         rotary = self.shared.rotary(fused, position_ids=position_ids, **self._rotary_kwargs)
-        return self.layer(fused, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, position_embeddings=rotary)  # fmt: skip
+        return self.layer(
+            fused,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            position_embeddings=rotary,
+        )
 
     def with_weights(self, fuse: torch.Tensor | None, lora_pairs: dict) -> DraftHead:
         """A new head sharing the target's modules, with this one's weights plus a LoRA merged into
@@ -212,8 +223,10 @@ class HeadDrafter(Drafter):
             if not name.startswith("layer.") or not isinstance(module, nn.Linear):
                 raise adapters.AdapterError(f"{name}: a head version may only adapt the head's layer (layer.*)")
             if lora_a.shape[1] != module.in_features or lora_b.shape[0] != module.out_features:
-                raise adapters.AdapterError(f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
-                                            f"{module.out_features}x{module.in_features}")  # fmt: skip
+                raise adapters.AdapterError(
+                    f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
+                    f"{module.out_features}x{module.in_features}"
+                )
         weight = next(iter(fuse.values()), None)
         if weight is not None and tuple(weight.shape) != tuple(self.head.fuse.weight.shape):
             raise adapters.AdapterError(

@@ -31,7 +31,7 @@ record dropped while Redis was away for longer than the writer's queue lasts was
 trainer's status; versions the trainer promoted, versions forged and which replicas refused each; swaps;
 every fault with its outcome; processes that exited without a fault (restarted, as an orchestrator would).
 `--json` writes it with a timeline (one sample a second) and `--plot` draws the timeline with the faults
-marked. The bar (`bar`) is the issue's: no acknowledged record lost, no request failed on both replicas, no
+marked. The bar (`bar`) is what a fleet owes its users: no acknowledged record lost, no request failed on both replicas, no
 5xx from a live replica, at least one version promoted, every forged or NaN version refused by both
 replicas; the command exits 1 when any of them fails.
 
