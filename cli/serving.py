@@ -60,6 +60,20 @@ def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None
     models.add_argument("--k", type=non_negative_int, default=None)
     models.add_argument("--dtype", default=None, choices=DTYPES)
     models.add_argument("--device", default=None)
+    models.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the decoding step (default: $ADAPTIVE_SPEC_COMPILE, else yes; the first start on a "
+        "machine compiles for a few minutes, later starts reuse the data directory's cache)",
+    )
+    models.add_argument(
+        "--tree-budget",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="draft trees of up to N nodes per row (head, ngram+head; default: $ADAPTIVE_SPEC_TREE_BUDGET, else chains)",
+    )
     parser.add_argument(
         "--max-batch",
         type=positive_int,
@@ -81,6 +95,8 @@ def serving_settings(args) -> Settings:
         k=args.k,
         dtype=args.dtype,
         device=args.device,
+        compile=args.compile,
+        tree_budget=args.tree_budget,
         max_batch=args.max_batch,
     )
 

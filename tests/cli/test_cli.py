@@ -96,3 +96,20 @@ def test_bad_arguments_exit_2_saying_what_is_wrong_before_loading_anything(tmp_p
     outcomes = json.loads(result.stdout.strip().splitlines()[-1])
     for (argv, says), (code, stderr) in zip(BAD_ARGUMENTS, outcomes, strict=True):
         assert code == 2 and says in stderr and "Traceback" not in stderr, (argv, code, stderr)
+
+
+@pytest.mark.parametrize("command", ["serve", "up"])
+def test_the_model_flags_a_child_server_gets_are_flags_serve_and_up_take(command, tmp_path, monkeypatch):
+    """bench-serve and the scenario start `serve` with ModelOptions.argv(): every flag it writes (compile,
+    trees, k) must parse and reach the server's settings, as the environment's values would."""
+    from adaptive_spec.options import ModelOptions
+    from cli import build_parser
+    from cli.serving import serving_settings
+
+    options = ModelOptions(k=3, compile=False, tree_budget=16)
+    args = build_parser().parse_args([command, "--data-dir", str(tmp_path), *options.argv()])
+    assert serving_settings(args).models == options
+    monkeypatch.delenv("ADAPTIVE_SPEC_COMPILE", raising=False)
+    monkeypatch.delenv("ADAPTIVE_SPEC_TREE_BUDGET", raising=False)
+    unset = serving_settings(build_parser().parse_args([command, "--data-dir", str(tmp_path)]))
+    assert (unset.compile, unset.tree_budget) == (None, None)  # neither given nor set: the core's defaults
