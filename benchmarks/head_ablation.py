@@ -142,10 +142,11 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
 def run_ablation(settings: AblationSettings) -> dict:
     """Every recipe on the same records (generated once, or read from `records_file`); the figures."""
     from adaptive_spec.engine import Engine
-    from adaptive_spec.models import load_model, resolve_device
+    from adaptive_spec.models import load_model, resolve_device, resolve_dtype
     from adaptive_spec.prompts import load_prompts
     from benchmarks.drift import split_prompts
     from benchmarks.prompts import shipped
+    from trainer.settings import TrainerSettings
 
     if settings.records_file and settings.records_file.exists():
         records = load_records(settings.records_file)
@@ -158,9 +159,10 @@ def run_ablation(settings: AblationSettings) -> dict:
         if settings.records_file:
             save_records(settings.records_file, records)
         del engine
-    # The heads train over an fp32 target, as `adaptive-spec train` does (TrainerSettings.dtype): the
-    # head's fp32 layers cannot read a bf16 target's states.
-    target, _ = load_model(settings.target, resolve_device("auto"), torch.float32)
+    # The heads train over the target `adaptive-spec train` loads (TrainerSettings' dtype and device: fp32 on
+    # a CPU): the head's layers cannot read a bf16 serving target's states in fp32.
+    device = resolve_device(TrainerSettings.device)
+    target, _ = load_model(settings.target, device, resolve_dtype(TrainerSettings.dtype, device))
     random.Random(settings.seed).shuffle(records)
     heldout = records[: settings.heldout_records]
     train = [examples_from_record(record) for record in records[settings.heldout_records :]]

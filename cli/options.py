@@ -120,6 +120,13 @@ def model_options(parser: argparse.ArgumentParser):
         "exactness check passes, fp32 otherwise (default: %(default)s)",
     )
     group.add_argument("--device", default=MODELS.device, help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    path_options(group)
+    return drafts
+
+
+def path_options(group) -> None:
+    """--compile/--no-compile and --tree-budget: how the engine decodes (model_options, and `up`/`serve`,
+    whose settings give them to the engine)."""
     group.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -134,7 +141,6 @@ def model_options(parser: argparse.ArgumentParser):
         metavar="N",
         help="draft trees of up to N nodes per row (drafts that can build them: head, ngram+head); default: chains",
     )
-    return drafts
 
 
 def adapter_option(parser: argparse.ArgumentParser) -> None:

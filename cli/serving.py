@@ -11,7 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from cli.options import DTYPES, CommandError, non_negative_int, positive_int, use_data_dir
+from cli.options import DTYPES, CommandError, non_negative_int, path_options, positive_int, use_data_dir
 from service.settings import Settings
 
 DEFAULTS = Settings()
@@ -52,28 +52,15 @@ def serving_options(parser: argparse.ArgumentParser, data_dir_help: str) -> None
     parser.add_argument("--port", type=int, default=None, help=f"default: {DEFAULTS.port}")
     parser.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
     models = parser.add_argument_group(
-        "models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE, else the "
-        "built-in model with the head draft and dynamic k)"
+        "models (default: ADAPTIVE_SPEC_TARGET / _DRAFT / _K / _DTYPE / _COMPILE / _TREE_BUDGET, else the "
+        "built-in model with the head draft, dynamic k, compiled, chains)"
     )
     models.add_argument("--target", default=None)
     models.add_argument("--draft", default=None)
     models.add_argument("--k", type=non_negative_int, default=None)
     models.add_argument("--dtype", default=None, choices=DTYPES)
     models.add_argument("--device", default=None)
-    models.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="compile the decoding step (default: $ADAPTIVE_SPEC_COMPILE, else yes; the first start on a "
-        "machine compiles for a few minutes, later starts reuse the data directory's cache)",
-    )
-    models.add_argument(
-        "--tree-budget",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="draft trees of up to N nodes per row (head, ngram+head; default: $ADAPTIVE_SPEC_TREE_BUDGET, else chains)",
-    )
+    path_options(models)
     parser.add_argument(
         "--max-batch",
         type=positive_int,
