@@ -261,7 +261,7 @@ class HeadDrafter(Drafter):
                     tokens, states = tokens[-1:], states[-1:]
                 feeds[i] = (tokens, states)
             if depths is not None:
-                trees.update(self._grow(head, vocab, cache, rows, group, ks, depths, feeds))
+                trees.update(self._grow(head, vocab, cache, rows, group, ks, depths, feeds, fed))
                 continue
             while live := [i for i in group if len(drafted[i]) < ks[i]]:
                 slots = [rows[i].slot for i in live]
@@ -288,10 +288,11 @@ class HeadDrafter(Drafter):
             for i in range(len(rows))
         ]
 
-    def _grow(self, head, vocab, cache, rows, group, budgets, depths, feeds) -> dict[int, Proposal]:
+    def _grow(self, head, vocab, cache, rows, group, budgets, depths, feeds, fed) -> dict[int, Proposal]:
         """Each row's draft tree (tree.py): feed the rows' unseen context (the pending token last), offer
         its top candidates, then a forward per depth over the nodes each row expands, each node fed
-        with its parent's predicted state and seeing only its ancestors (kv.TreeFeed)."""
+        with its parent's predicted state and seeing only its ancestors (kv.TreeFeed). `fed[i]`: the context
+        tokens row i caught up on, the prompt included, which the engine keeps out of the draft's step cost."""
         slots = [rows[i].slot for i in group]
         predicted = self._feed(head, cache, slots, [feeds[i][0] for i in group], [feeds[i][1] for i in group])
         logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
@@ -329,7 +330,7 @@ class HeadDrafter(Drafter):
         for i in group:
             chosen, parents = trees[i].final()
             drafted = torch.tensor(chosen, dtype=torch.long, device=self.device)
-            proposals[i] = Proposal(drafted, None, forwards=forwards, fed=len(feeds[i][0]), parents=parents)
+            proposals[i] = Proposal(drafted, None, forwards=forwards, fed=fed[i], parents=parents)
         return proposals
 
     def _target_states(self, row: DraftRow, start: int) -> torch.Tensor:

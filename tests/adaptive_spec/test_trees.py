@@ -134,3 +134,28 @@ def test_sampled_rows_with_trees_follow_the_target() -> None:
         drafted += out.stats.drafted
     assert drafted > 0
     assert chi_square_p_value(counts, expected) > ALPHA
+
+
+def test_a_trees_catch_up_on_the_context_stays_out_of_the_drafts_step_cost() -> None:
+    """A request's first draft forward feeds its whole prompt (and, after plain steps, what the draft
+    skipped); the engine keeps such steps out of the draft's measured cost (`catch_up`), for trees as
+    for chains. Counted in, one catch-up on a 500-token tool-call prompt made a head forward look
+    dearer than a target step (24 ms against 21), and the policy stopped drafting trees for good."""
+    target = llama(seed=3, layers=2)
+    prompt = list(range(3, 60))
+    flags: dict[str, list[bool]] = {}
+    for name, budget in (("chain", None), ("tree", 12)):
+        engine = Engine(target, "head", tree_budget=budget)
+        seen: list[bool] = []
+        observe = engine.policy.observe_step
+
+        def spy(*args, seen=seen, observe=observe):
+            seen.append(args[6])  # rows, width, verify_s, draft_rows, forwards, draft_s, catch_up
+            return observe(*args)
+
+        engine.policy.observe_step = spy
+        engine.generate(prompt, max_new_tokens=12, k=2)
+        flags[name] = seen
+        assert engine.policy.draft.seconds, name  # the later steps measure the draft's cost
+    assert flags["chain"][0] and flags["tree"][0]  # the prompt's catch-up
+    assert not all(flags["tree"]) and not all(flags["chain"])
