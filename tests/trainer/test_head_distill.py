@@ -21,7 +21,7 @@ What must hold:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -35,11 +35,12 @@ from traffic import greedy_records
 from adaptive_spec import Engine
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import METADATA_FILE
+from adaptive_spec.models import native_bf16
 from adaptive_spec.record import CorrectionRecord, record_from_output
 from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 from trainer.intake.buffer import HoldoutSplit
 from trainer.intake.examples import examples_from_record
-from trainer.learning.distill import position_losses
+from trainer.learning.distill import LoraSettings, position_losses, training_autocast
 from trainer.learning.head_distill import HeadSettings, HeadTrainer, softmax_columns
 from trainer.learning.head_model import TrainableHead, head_batch, unrolled
 
@@ -196,6 +197,42 @@ def test_training_raises_heldout_agreement_and_lr0_changes_nothing(run):
     assert chains["trained"]["match"][1] >= chains["start"]["match"][1] + 0.08
     assert np.mean(run.losses[-10:]) < 0.8 * np.mean(run.losses[:10])
     assert Gate(min_positions=900).decide(run.trained, run.base)[0]
+
+
+def test_autocast_runs_a_steps_forwards_in_bf16_and_keeps_the_weights_and_gradients_fp32(run):
+    examples = [examples_from_record(each) for each in run.train_records[:12]]
+    steps = {}
+    for mode in ("off", "bf16"):
+        trainer = HeadTrainer(TrainableHead(run.target), replace(SETTINGS, autocast=mode))
+        seen: list[torch.dtype] = []
+        hooks = [  # the head's own layer, and the target's forward for the states it reads
+            module.register_forward_hook(lambda _module, _args, out, seen=seen: seen.append(out.dtype))
+            for module in (trainer.head.layer.mlp.down_proj, run.target.model.layers[0].mlp.down_proj)
+        ]
+        try:
+            loss = trainer.train_step(examples)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        trained = [p for p in trainer.model.parameters() if p.requires_grad]
+        assert {p.dtype for p in trained} == {torch.float32}
+        assert all(p.grad is None or p.grad.dtype == torch.float32 for p in trained)
+        steps[mode] = (loss, set(seen))
+    assert steps["off"][1] == {torch.float32}
+    assert steps["bf16"][1] == {torch.bfloat16}
+    # The same first step from the same start: bf16 rounding moves the loss by well under 5%.
+    assert steps["bf16"][0] == pytest.approx(steps["off"][0], rel=0.05)
+
+
+def test_autocast_auto_is_on_only_for_fp32_weights_on_a_device_with_native_bf16():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert training_autocast("auto", cpu, torch.float32) == native_bf16(cpu)
+    assert not training_autocast("auto", cpu, torch.bfloat16)
+    assert not training_autocast("auto", cuda, torch.bfloat16)  # a GPU trains in bf16 weights already
+    assert training_autocast("auto", cuda, torch.float32)
+    assert training_autocast("bf16", cpu, torch.float32) and not training_autocast("off", cpu, torch.float32)
+    with pytest.raises(ValueError, match="autocast must be one of"):
+        LoraSettings(autocast="fp8")
 
 
 def test_the_batch_softmax_is_the_vocabulary_softmax_over_the_batch_tokens_alone(run):

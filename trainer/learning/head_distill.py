@@ -123,7 +123,7 @@ class HeadSettings(LoraSettings):
 def _smooth_l1_scaled(predicted: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     """[n, hidden] x 2 -> [n]: smooth L1 of the prediction onto the state, both over the state's RMS."""
     scale = states.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
-    loss = torch.nn.functional.smooth_l1_loss(predicted / scale, states / scale, reduction="none")
+    loss = torch.nn.functional.smooth_l1_loss(predicted.float() / scale, states / scale, reduction="none")
     return loss.mean(-1)
 
 

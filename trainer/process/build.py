@@ -23,6 +23,7 @@ from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.models import load_model, resolve_device, resolve_dtype
 from trainer.evaluation.decision import StatisticalGate, Thresholds
 from trainer.intake.stream import CorrectionStream
+from trainer.learning.distill import LoraSettings
 from trainer.learning.drafts import TARGET_DRAFTS, trainable_draft
 from trainer.loop.online import OnlineSettings, OnlineTrainer
 from trainer.settings import TrainerSettings
@@ -44,6 +45,7 @@ def online_settings(settings: TrainerSettings, *, checkpoints: bool = True, **ov
         round_steps=settings.round_steps,
         max_round_steps=max(settings.max_round_steps, settings.round_steps),
         max_domains=settings.max_domains,
+        lora=LoraSettings(autocast=settings.autocast),
     )
     return OnlineSettings(data_dir / ADAPTERS_DIR, **{**values, **overrides})
 
