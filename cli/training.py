@@ -71,7 +71,8 @@ def add_commands(commands) -> None:
         default=None,
         choices=AUTOCAST,
         help="run a training step's forwards under bf16 autocast (weights, gradients and optimiser stay fp32): "
-        "auto = where the weights are fp32 and the device computes bf16 natively (AVX512-BF16, AMX), where it "
+        "auto = where the weights are fp32, the model is at least 256 wide and the device computes bf16 natively "
+        "(AVX512-BF16, AMX), where it "
         f"trained the head 1.8x as fast here for the same held-out match (default: {DEFAULTS.autocast})",
     )
     train.add_argument("--device", default=None, help=f"default: {DEFAULTS.device}")

@@ -10,7 +10,7 @@ building the command line's parser loads no trainer code.
 | field | environment | default |
 |---|---|---|
 | target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the built-in model, the head draft, auto |
-| autocast | ADAPTIVE_SPEC_AUTOCAST | auto: a training step's forwards under bf16 autocast where the weights are fp32 and the device computes bf16 natively (trainer/learning/distill.py `training_autocast`); bf16; off |
+| autocast | ADAPTIVE_SPEC_AUTOCAST | auto: a training step's forwards under bf16 autocast where the weights are fp32, the model is at least 256 wide and the device computes bf16 natively (trainer/learning/distill.py `training_autocast`); bf16; off |
 | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: adapters, checkpoints, the default MLflow store |
 | redis_url | REDIS_URL | none: the trainer refuses to start |
 | tracking_uri | MLFLOW_TRACKING_URI | none: `<data_dir>/mlflow.db` |

@@ -224,13 +224,14 @@ def test_autocast_runs_a_steps_forwards_in_bf16_and_keeps_the_weights_and_gradie
     assert steps["bf16"][0] == pytest.approx(steps["off"][0], rel=0.05)
 
 
-def test_autocast_auto_is_on_only_for_fp32_weights_on_a_device_with_native_bf16():
+def test_autocast_auto_is_on_only_for_fp32_weights_of_a_wide_model_on_a_device_with_native_bf16():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert training_autocast("auto", cpu, torch.float32) == native_bf16(cpu)
-    assert not training_autocast("auto", cpu, torch.bfloat16)
-    assert not training_autocast("auto", cuda, torch.bfloat16)  # a GPU trains in bf16 weights already
-    assert training_autocast("auto", cuda, torch.float32)
-    assert training_autocast("bf16", cpu, torch.float32) and not training_autocast("off", cpu, torch.float32)
+    assert training_autocast("auto", cpu, torch.float32, 576) == native_bf16(cpu)
+    assert not training_autocast("auto", cpu, torch.float32, 64)  # the tests' tiny models: casts cost more
+    assert not training_autocast("auto", cpu, torch.bfloat16, 576)
+    assert not training_autocast("auto", cuda, torch.bfloat16, 576)  # a GPU trains in bf16 weights already
+    assert training_autocast("auto", cuda, torch.float32, 576)
+    assert training_autocast("bf16", cpu, torch.float32, 64) and not training_autocast("off", cpu, torch.float32, 576)
     with pytest.raises(ValueError, match="autocast must be one of"):
         LoraSettings(autocast="fp8")
 

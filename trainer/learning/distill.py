@@ -93,7 +93,7 @@ class LoraSettings:
     seed: int = 0  # initialises LoRA's A matrices
     # bf16 autocast of a training step's forwards (the target's states it needs, the draft's layers); the
     # weights, their gradients and the optimiser stay in the weights' dtype. "auto": on where the weights are
-    # fp32 and the device computes bf16 natively (`training_autocast`).
+    # fp32, the model at least 256 wide and the device computes bf16 natively (`training_autocast`).
     autocast: str = "auto"  # or "bf16", "off"
 
     def __post_init__(self) -> None:
@@ -123,17 +123,23 @@ def position_losses(
     return (torch.xlogy(target_probs, target_probs) - target_probs * draft_at_topk).sum(-1)
 
 
-def training_autocast(autocast: str, device: torch.device, weights: torch.dtype) -> bool:
+AUTOCAST_MIN_HIDDEN = 256  # narrower models' casts cost more than their bf16 products save
+
+
+def training_autocast(autocast: str, device: torch.device, weights: torch.dtype, hidden_size: int) -> bool:
     """Whether a training step runs its forwards under bf16 autocast: `autocast` "bf16" or "off" as said;
-    "auto" where the weights are fp32 and `device` computes bf16 natively (`native_bf16`: a CPU with
-    AVX512-BF16 or AMX; a GPU trains in bf16 weights already, the trainer's `auto` dtype there).
+    "auto" where the weights are fp32, the model is at least AUTOCAST_MIN_HIDDEN wide, and `device`
+    computes bf16 natively (`native_bf16`: a CPU with AVX512-BF16 or AMX; a GPU trains in bf16 weights
+    already, the trainer's `auto` dtype there).
 
     Example: the default head on 160 python records (32 more held out), AMD EPYC with AVX512-BF16, 2 cores
     (`adaptive-spec bench-head-ablation --recipes default-fp32,default-bf16-autocast --steps 100`): 100 steps
     in 51.5 s under autocast against 93.6 s in fp32 (1.82x; the target's forwards for the states 16.7 s
-    against 29.5 s), held-out first-token match 0.539 against 0.521."""
+    against 29.5 s), held-out first-token match 0.539 against 0.521. On the test suite's 64-wide random
+    models the casts cost more than bf16 saves (three trainer test files: 40.5 s against 34.7 s in fp32),
+    hence the width floor, set between the two widths measured (64 and the default model's 576)."""
     if autocast == "auto":
-        return weights == torch.float32 and native_bf16(device)
+        return weights == torch.float32 and hidden_size >= AUTOCAST_MIN_HIDDEN and native_bf16(device)
     return autocast == "bf16"
 
 
@@ -254,7 +260,7 @@ class TrainedWeights:
         self._train_mode(True)
         total = 0.0
         device = self._params[0].device
-        autocast = training_autocast(settings.autocast, device, self._params[0].dtype)
+        autocast = training_autocast(settings.autocast, device, self._params[0].dtype, self._hidden_size())
         try:
             for group in micro_batches(examples, settings.batch_tokens):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -278,6 +284,10 @@ class TrainedWeights:
 
     def _train_mode(self, mode: bool) -> None:
         """Train mode (LoRA dropout) on the draft's own layers only, never on modules it shares with the target."""
+        raise NotImplementedError
+
+    def _hidden_size(self) -> int:
+        """The draft's width (its config's hidden_size), for `training_autocast`."""
         raise NotImplementedError
 
     def _weights(self, accepted: torch.Tensor) -> torch.Tensor:
@@ -395,3 +405,6 @@ class DraftTrainer(TrainedWeights):
     def _train_mode(self, mode: bool) -> None:
         for layer in decoder_layers(causal_lm(self.model)):
             layer.train(mode)
+
+    def _hidden_size(self) -> int:
+        return int(causal_lm(self.model).config.hidden_size)

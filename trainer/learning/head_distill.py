@@ -186,6 +186,9 @@ class HeadTrainer(TrainedWeights):
     def _train_mode(self, mode: bool) -> None:
         self.head.layer.train(mode)  # LoRA dropout on the head's own layer only
 
+    def _hidden_size(self) -> int:
+        return int(self.head.config.hidden_size)
+
     def _loss(self, batch: HeadBatch, total_weight: float, total_tokens: int) -> torch.Tensor:
         settings = self.settings
         features = batch.features
