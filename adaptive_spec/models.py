@@ -13,6 +13,7 @@ result is cached once as safetensors under `<data dir>/models/` and reloads in w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -45,10 +46,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
+@functools.cache
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 products natively: a GPU, or a CPU with AVX512-BF16 or AMX-BF16
-    (read from /proc/cpuinfo; False where it cannot be read). Without them, bf16 runs emulated and is
-    slower than fp32."""
+    (read from /proc/cpuinfo once per process; False where it cannot be read). Without them, bf16 runs
+    emulated and is slower than fp32. The trainer asks at every optimiser step (`training_autocast`)."""
     if device.type != "cpu":
         return device.type == "cuda"
     try:
