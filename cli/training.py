@@ -31,7 +31,7 @@ from cli.options import (
     use_data_dir,
     write_json,
 )
-from trainer.settings import AUTOCAST, TrainerSettings
+from trainer.settings import AUTOCAST, AUTOCAST_MIN_HIDDEN, TrainerSettings
 
 DEFAULTS = TrainerSettings()
 
@@ -71,7 +71,8 @@ def add_commands(commands) -> None:
         default=None,
         choices=AUTOCAST,
         help="run a training step's forwards under bf16 autocast (weights, gradients and optimiser stay fp32): "
-        "auto = where the weights are fp32, the model is at least 256 wide and the device computes bf16 natively "
+        f"auto = where the weights are fp32, the model is at least {AUTOCAST_MIN_HIDDEN} wide and the device computes "
+        "bf16 natively "
         "(AVX512-BF16, AMX), where it "
         f"trained the head 1.8x as fast here for the same held-out match (default: {DEFAULTS.autocast})",
     )

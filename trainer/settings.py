@@ -37,6 +37,7 @@ from adaptive_spec.contracts import DEFAULT_DATA_DIR, MLFLOW_TRACKING_URI_ENV, R
 from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
 
 AUTOCAST = ("auto", "bf16", "off")  # a training step's bf16 autocast (trainer/learning/distill.py)
+AUTOCAST_MIN_HIDDEN = 256  # "auto" leaves narrower models in fp32: their casts cost more than bf16 saves
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.models import native_bf16
 from trainer.evaluation.gate import causal_lm, draft_logits
 from trainer.intake.examples import TrainingExample, collate, micro_batches
-from trainer.settings import AUTOCAST
+from trainer.settings import AUTOCAST, AUTOCAST_MIN_HIDDEN
 
 LOSSES = ("kl_topm", "ce_top1")
 METADATA_FORMAT = 1
@@ -121,9 +121,6 @@ def position_losses(
         return -draft_at_topk.gather(-1, top1)[:, 0]
     target_probs = torch.softmax(target_topk_logprobs, dim=-1)  # [positions, m], renormalised over the top-m
     return (torch.xlogy(target_probs, target_probs) - target_probs * draft_at_topk).sum(-1)
-
-
-AUTOCAST_MIN_HIDDEN = 256  # narrower models' casts cost more than their bf16 products save
 
 
 def training_autocast(autocast: str, device: torch.device, weights: torch.dtype, hidden_size: int) -> bool:
