@@ -29,7 +29,7 @@ rows' acceptance.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -42,6 +42,8 @@ from adaptive_spec.prefill import ChunkedPrefill
 from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
 from adaptive_spec.sampling import logits_to_probs
 from adaptive_spec.stats import RequestStats, StepStats
+
+MAX_FORCED = 16  # grammar-forced tokens appended to a row's chain in one step (each widens the verify)
 
 
 @dataclass(eq=False)
@@ -225,8 +227,8 @@ class Batch:
         if not self.rows:
             return []
         with self.engine.step_lock:
-            ks, free = self._choose_k()
-            proposals, draft_s = self._draft(ks, free)
+            ks, free, limits = self._choose_k()
+            proposals, draft_s = self._draft(ks, free, limits)
             target_logits, verify_s = self._verify(proposals)
             proposals, target_logits, verdicts = self._accept(proposals, target_logits)
             emitted = self._commit(proposals, verdicts)
@@ -241,27 +243,48 @@ class Batch:
                 self.remove(row)
         return results
 
-    def _choose_k(self) -> tuple[list[int], list[list[int]] | None]:
-        """Per row, how many tokens to draft and, for a draft with free proposals, the one it copies or []."""
+    def _choose_k(self) -> tuple[list[int], list[list[int]] | None, list[int]]:
+        """Per row, how many tokens to draft and, for a draft with free proposals, the one it copies or [];
+        and the most it may draft now."""
         policy, drafter = self.engine.policy, self.drafter
         limits = [row.draft_limit(self.engine.max_context, drafter is not None) for row in self.rows]
         fixed = [row.request.k for row in self.rows]
         caps = [min(lim, policy.k_max if want is None else want) for want, lim in zip(fixed, limits, strict=True)]
         free = drafter.free_proposals(self.rows, caps) if drafter is not None else None
         profiles = [policy.profile_for(row.key, row.alpha) if row.request.k is None else None for row in self.rows]
-        return policy.plan(fixed, limits, profiles, [row.free_alpha for row in self.rows], free)
+        return (*policy.plan(fixed, limits, profiles, [row.free_alpha for row in self.rows], free), limits)
 
-    def _draft(self, ks: list[int], free: list[list[int]] | None) -> tuple[list[Proposal], float]:
-        if not any(ks):
-            return [no_proposal(self.engine.device) for _ in self.rows], 0.0
+    def _draft(self, ks: list[int], free: list[list[int]] | None, limits: list[int]) -> tuple[list[Proposal], float]:
         started = self.engine.clock()
-        policy, depths = self.engine.policy, None
-        if policy.tree_budget is not None and self.drafter.builds_trees:  # k is each tree's depth
-            depths = ks
-            copied = free or [[] for _ in ks]
-            ks = [k if copy else policy.tree_nodes(k) for k, copy in zip(ks, copied, strict=True)]
-        proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free, depths)
+        if not any(ks):
+            proposals = [no_proposal(self.engine.device) for _ in self.rows]
+        else:
+            policy, depths = self.engine.policy, None
+            if policy.tree_budget is not None and self.drafter.builds_trees:  # k is each tree's depth
+                depths = ks
+                copied = free or [[] for _ in ks]
+                ks = [k if copy else policy.tree_nodes(k) for k, copy in zip(ks, copied, strict=True)]
+            proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free, depths)
+        proposals = self._forced_tails(proposals, limits)
         return proposals, self.engine.clock() - started
+
+    def _forced_tails(self, proposals: list[Proposal], limits: list[int]) -> list[Proposal]:
+        """Each chain of a dynamic-k row with a grammar, extended by the tokens the grammar forces after it
+        (grammar.py `Matcher.forced`), up to the row's limit and MAX_FORCED: one more verify column
+        each, no draft forward, and accepted wherever the target writes the forced bytes as usual.
+        Even a row the policy left to plain decoding proposes them. Example: a forced tool call whose
+        draft proposed `search_flights` gets `", "arguments": ` appended to verify in the same forward.
+        Lossless as any draft is: the target verifies every token, and a sampled row's forced token is
+        a one-hot draft distribution (rejection sampling keeps it with the target's probability).
+        Rows of a fixed k draft exactly k, as asked."""
+        for i, (row, proposal) in enumerate(zip(self.rows, proposals, strict=True)):
+            if row.constraints is None or row.request.k is not None or proposal.parents is not None:
+                continue
+            drafted = proposal.tokens.tolist()
+            tail = row.constraints.forced_after(drafted, min(limits[i] - len(drafted), MAX_FORCED))
+            if tail:
+                proposals[i] = _extended(proposal, tail)
+        return proposals
 
     def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
         """One target forward over every row's [pending, d1..dk], a chain or a tree: per row logits [k + 1, vocab]."""
@@ -408,10 +431,12 @@ class Batch:
                 drafted, verdict.num_accepted, emitted_now, proposal.forwards, draft_s, verify_s, proposal.free, reach
             )
         )
+        own = reach - proposal.forced  # the draft's estimates count its own tokens, not the grammar's
+        kept = min(verdict.num_accepted, own)
         if proposal.free:
-            row.free_alpha = self.engine.policy.observe_free(row.free_alpha, reach, verdict.num_accepted, row.key)
+            row.free_alpha = self.engine.policy.observe_free(row.free_alpha, own, kept, row.key)
         else:
-            row.alpha = self.engine.policy.observe_row(row.alpha, reach, verdict.num_accepted, row.key)
+            row.alpha = self.engine.policy.observe_row(row.alpha, own, kept, row.key)
         if row.finish is None:
             return Chunk(emitted)
         return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))
@@ -438,3 +463,12 @@ class Batch:
             logprobs,
             top_logprobs,
         )
+
+
+def _extended(proposal: Proposal, tail: list[int]) -> Proposal:
+    """A chain with the grammar's forced tokens `tail` after it (Batch._forced_tails)."""
+    extra = torch.tensor(tail, dtype=torch.long, device=proposal.tokens.device)
+    probs = proposal.probs
+    if probs is not None:  # a sampled chain: each forced token a one-hot draft distribution
+        probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[-1]).to(probs.dtype)])
+    return replace(proposal, tokens=torch.cat([proposal.tokens, extra]), probs=probs, forced=len(tail))

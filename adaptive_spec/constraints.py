@@ -104,6 +104,17 @@ class Constraints:
             out = out.masked_fill(~(mask if ids is None else mask[ids]), float("-inf"))
         return out
 
+    def forced_after(self, drafted: list[int], limit: int) -> list[int]:
+        """At most `limit` tokens the grammar forces after the output plus `drafted` (grammar.py
+        `Matcher.forced`); [] without a grammar, or where the grammar refuses a drafted token (the target
+        rejects the draft there)."""
+        if self.matcher is None or limit <= 0:
+            return []
+        self._advance(drafted)
+        if self._ahead < len(drafted):
+            return []
+        return self.matcher.forced(limit)
+
     def commit(self, tokens: list[int]) -> None:
         """The row's output grew by `tokens` (every one allowed: each was chosen from processed logits)."""
         for token in tokens:

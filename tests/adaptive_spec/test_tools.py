@@ -11,12 +11,13 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from tiny import tiny_target
 from tiny_bytes import tiny_byte_tokenizer
 from tiny_tools import SCHEMAS, TOOLS, TOOLS_TEMPLATE
 
 from adaptive_spec import Engine
-from adaptive_spec.grammar import WHITESPACE
+from adaptive_spec.grammar import WHITESPACE, Grammars
 from adaptive_spec.tokens import encode_prompt
 from adaptive_spec.tools import (
     TOOL_PARSERS,
@@ -262,3 +263,54 @@ def test_a_schema_the_grammar_cannot_enforce_is_an_input_error(engine):
     bad = Function("f", None, {"type": "object", "properties": {"a": {"not": {"type": "string"}}}})
     with pytest.raises(InputError, match="response_format"):
         engine.request([5, 6], 8, response_format=forced([bad], False))
+
+
+# ---------------------------------------------------------------- forced bytes, proposed for free
+
+
+def forced_positions(engine, grammar, tokens: list[int]) -> int:
+    """Output positions whose token the grammar forced (Matcher.forced), replayed along `tokens`."""
+    matcher = Grammars(engine.tokenizer, engine.vocab_size, engine.eos_ids).compile(grammar).new_matcher()
+    count = 0
+    for token in tokens:
+        count += bool(matcher.forced(1))
+        assert matcher.accept(token)
+    return count
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_the_bytes_a_grammar_forces_are_proposed_with_no_draft_and_kept(engine, temperature):
+    """At dynamic k a forced call's fixed bytes (`tool_call>`, `"name": "`, `", "arguments": {"`, each
+    key) are appended to every row's chain for the target to verify (batch.py `_forced_tails`), even
+    where the policy leaves this random draft out: nearly all of them come out accepted, and greedy
+    output is still the target's alone."""
+    dynamic = Engine(engine.target, "early-exit:1", engine.tokenizer)  # k=None: dynamic
+    messages, tools = tool_prompt([{"role": "user", "content": "Go."}], FUNCTIONS, engine.tokenizer, HERMES)
+    prompt = encode_prompt(messages, engine.tokenizer, engine.vocab_size, engine.max_context, tools=tools)
+    grammar = forced(FUNCTIONS, False)
+    out = dynamic.generate(prompt, 160, response_format=grammar, temperature=temperature, seed=3)
+    if temperature == 0.0:
+        assert out.token_ids == dynamic.generate(prompt, 160, response_format=grammar, speculative=False).token_ids
+    _, calls = HERMES.parse(out.text)
+    assert out.finish_reason == "stop" and len(calls) == 1, out.text
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
+    forced_here = forced_positions(dynamic, grammar, out.token_ids)
+    assert forced_here >= 30, out.text  # `<tool_call>\n{"name": "` alone is 22 bytes
+    # Missed: the first token (the target's alone), and a bonus token after each run longer than MAX_FORCED.
+    assert out.stats.accepted >= 0.9 * forced_here, (out.stats.accepted, forced_here)
+    assert out.stats.target_forwards < len(out.token_ids) - 0.9 * forced_here
+
+
+def test_a_sampled_chain_takes_its_forced_tail_as_one_hot_draft_distributions():
+    from adaptive_spec.batch import _extended
+    from adaptive_spec.drafters import Proposal
+
+    probs = torch.softmax(torch.randn(2, 11), dim=-1)
+    chain = Proposal(torch.tensor([4, 7]), probs, forwards=2)
+    longer = _extended(chain, [9, 1])
+    assert longer.tokens.tolist() == [4, 7, 9, 1] and longer.forced == 2 and longer.forwards == 2
+    assert torch.equal(longer.probs[:2], probs)
+    assert longer.probs[2].tolist() == [float(i == 9) for i in range(11)]
+    assert longer.probs[3].tolist() == [float(i == 1) for i in range(11)]
+    greedy = _extended(Proposal(torch.tensor([], dtype=torch.long), None), [5])
+    assert greedy.tokens.tolist() == [5] and greedy.probs is None  # deterministic, as a copied proposal
