@@ -11,7 +11,9 @@ What must hold, on a real tokenizer and a real draft:
 - a schema llguidance cannot enforce is a 400 carrying llguidance's message;
 - chat and completion log-probabilities are the target alone's, streamed or not, and the tokens'
   bytes spell the text;
-- seeded n choices repeat; penalties and logit_bias give the target alone's greedy output.
+- seeded n choices repeat; penalties and logit_bias give the target alone's greedy output;
+- plain chat, streamed or not, is the target alone's greedy text, on the path `adaptive-spec serve`
+  takes (the app's lifespan loads the models its settings name, as for every test here).
 """
 
 from __future__ import annotations
@@ -177,3 +179,16 @@ def test_penalties_give_the_target_alones_greedy_output(server, client):
         )
         assert response.choices[0].message.content == expected.text
     assert bias_token not in expected.token_ids
+
+
+def test_chat_on_the_default_model_equals_the_target_alone(server, client):
+    chat = [{"role": "user", "content": "Name three rivers in Europe."}]
+    expected = server.service.engine.generate(chat, max_new_tokens=32, speculative=False)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    response = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=32, temperature=0)
+    assert response.choices[0].message.content == expected.text
+    spec = response.usage.model_extra["spec_decode"]
+    assert response.usage.completion_tokens == len(expected.token_ids)
+    assert spec["adapter_version"] is None and spec["mean_acceptance_length"] >= 1.0
+    streamed = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=32, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected.text
