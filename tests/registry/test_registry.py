@@ -333,7 +333,7 @@ def test_a_queued_domain_adapter_moves_its_domains_aliases(sqlite_dir, adapters,
 
 
 def test_promotions_wait_for_mlflow_and_land_when_it_returns(
-    mlflow_server, adapters, redis_client, redis_url, tmp_path
+    mlflow_server, adapters, redis_client, redis_url, tmp_path, monkeypatch
 ):
     """MLflow down while (a) PendingRegistrations gets two promotions in this process and (b) `adaptive-spec
     train` runs as a process, gets records of the domain "narrow", trains and promotes; MLflow back: everything
@@ -351,12 +351,17 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     registry = AdapterRegistry(mlflow_server.url, data_dir=data_dir)  # the default name, as `train` uses it
     queued = AdapterRegistry(mlflow_server.url, data_dir=tmp_path, model_name=f"outage-{uuid.uuid4().hex[:8]}")
     mlflow_server.stop()
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # this process's queue too (see env below)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "MLFLOW_TRACKING_URI": mlflow_server.url,
         "REDIS_URL": redis_url,
         "ADAPTIVE_SPEC_DATA_DIR": str(data_dir),
+        # the trainer retries its queued registration every 1 s (10 s by default), and each registry call
+        # fails at once while MLflow is down (MLflow's two retries took about 2.5 s a call)
+        "ADAPTIVE_SPEC_RETRY_S": "1",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     }
     command = [
         sys.executable,

@@ -261,18 +261,21 @@ def test_serving_beyond_loopback_without_an_api_key_warns(tmp_path, tiny_model_d
     """`serve --host 0.0.0.0` with no ADAPTIVE_SPEC_API_KEY says, before it loads anything, that /v1 is open;
     the same server on loopback does not (nor does one with a key). It is stopped before it binds."""
     said = "without ADAPTIVE_SPEC_API_KEY: /v1 is open to anyone who reaches this address"
-    logs = {}
-    for case, env, args in (
-        ("open", {}, ["--host", "0.0.0.0"]),
-        ("keyed", {"ADAPTIVE_SPEC_API_KEY": API_KEY}, ["--host", "0.0.0.0"]),
-        ("loopback", {}, []),
-    ):
-        (tmp_path / case).mkdir()
-        server = ServeProcess(tmp_path / case, tiny_model_dir, env, args)
-        server.launch()
-        try:
-            server.wait_until(lambda s=server: "ADAPTIVE_SPEC_SIGNING_KEY is not set" in s.log(), 60, "its warnings")
-        finally:
+    servers = {}
+    try:
+        for case, env, args in (  # launched together: each spends its seconds importing
+            ("open", {}, ["--host", "0.0.0.0"]),
+            ("keyed", {"ADAPTIVE_SPEC_API_KEY": API_KEY}, ["--host", "0.0.0.0"]),
+            ("loopback", {}, []),
+        ):
+            (tmp_path / case).mkdir()
+            server = ServeProcess(tmp_path / case, tiny_model_dir, env, args)
+            server.launch()
+            servers[case] = server
+        for server in servers.values():
+            server.wait_until(lambda s=server: "ADAPTIVE_SPEC_SIGNING_KEY is not set" in s.log(), 90, "its warnings")
+    finally:
+        for server in servers.values():
             server.stop()
-        logs[case] = server.log()
+    logs = {case: server.log() for case, server in servers.items()}
     assert said in logs["open"] and said not in logs["keyed"] and said not in logs["loopback"]
