@@ -158,21 +158,19 @@ class Matcher:
         """At most `limit` tokens the grammar forces next: the bytes every allowed continuation starts
         with, in their usual tokenization (llguidance's fast-forward tokens); [] where the next token is
         a choice, or the document may end. Another tokenization of the same bytes stays allowed, so
-        these are a guess (a good one: the default model took them at all 321 such positions of 900 in
-        its greedy tool calls, docs/benchmarks.md "Agent traffic"), never tokens to emit unchecked. Example: in a forced tool call, once the
-        function is named, `", "arguments": ` is forced; with a schema's required keys in order, each key.
-        The matcher is left as it was."""
+        these are a guess, never tokens to emit unchecked (a good guess: the default model took them at
+        all 321 such positions of 900 in its greedy tool calls, docs/benchmarks.md "What the grammar
+        forces"). Example: in a forced tool call, once the function is named, `", "arguments": ` is
+        forced; with a schema's required keys in order, each key. The matcher is left as it was."""
         if self.ended or limit <= 0 or self.ll.is_accepting():
             return []
         tokens = self.ll.compute_ff_tokens()[:limit]
         taken = 0
         for token in tokens:  # each must be allowed in turn (expected; checked, as a refusal costs ~2 us)
-            if token in self.grammars.eos_ids or self.ll.try_consume_tokens([token]) != 1:
+            if token in self.grammars.eos_ids or not self.accept(token):
                 break
             taken += 1
-        if taken and not self.ll.rollback(taken):
-            raise RuntimeError("grammar rollback failed: " + _first_line(self.ll.get_error()))
-        self._check()
+        self.rollback(taken)
         return tokens[:taken]
 
     def rollback(self, n: int) -> None:

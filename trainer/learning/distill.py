@@ -93,7 +93,7 @@ class LoraSettings:
     seed: int = 0  # initialises LoRA's A matrices
     # bf16 autocast of a training step's forwards (the target's states it needs, the draft's layers); the
     # weights, their gradients and the optimiser stay in the weights' dtype. "auto": on where the weights are
-    # fp32, the model at least 256 wide and the device computes bf16 natively (`training_autocast`).
+    # fp32, the model at least AUTOCAST_MIN_HIDDEN wide and the device computes bf16 natively (`training_autocast`).
     autocast: str = "auto"  # or "bf16", "off"
 
     def __post_init__(self) -> None:
