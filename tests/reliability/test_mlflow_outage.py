@@ -31,7 +31,7 @@ def test_promotion_during_an_mlflow_outage_lands_when_it_returns(
 ):
     # Each registry call fails at once while MLflow is down, rather than after MLflow's two retries (about
     # 2.5 s a call: the watcher took some 16 s to notice the outage); what is tested is what comes after.
-    no_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # an operator's value wins (registry/connection.py)
+    # An operator's value wins (registry/connection.py), here and in the server, which inherits it.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     target = tiny_target(0)
     adapters = [
@@ -43,12 +43,7 @@ def test_promotion_during_an_mlflow_outage_lands_when_it_returns(
     try:
         registry = AdapterRegistry(mlflow.url, data_dir=tmp_path, redis_url=redis_url)
         assert registry.register(adapters[0], by="test") == "1"
-        env = {
-            "MLFLOW_TRACKING_URI": mlflow.url,
-            "REDIS_URL": redis_url,
-            "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0.5",
-            **no_retries,
-        }
+        env = {"MLFLOW_TRACKING_URI": mlflow.url, "REDIS_URL": redis_url, "ADAPTIVE_SPEC_ADAPTER_POLL_S": "0.5"}
         with serve_process(env=env) as server:
             eventually(lambda: server.health()["adapter_version"] == "1", 30, "the server to serve version 1")
             with BackgroundLoad(server.url) as load:
