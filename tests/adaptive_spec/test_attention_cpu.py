@@ -60,3 +60,19 @@ def test_a_querys_output_does_not_depend_on_what_shares_the_call(kernel) -> None
     gapped = kernel(query[1:, :, :1], key[1:], value[1:], skipping, 0.125)
     packed = kernel(query[1:, :, :1], key[1:, :, kept], value[1:, :, kept], skipping[..., kept], 0.125)
     assert torch.equal(gapped, packed)
+
+
+def test_a_prompts_queries_equal_themselves_one_at_a_time_whatever_lies_out_of_sight(kernel) -> None:
+    """A prefill of 40 queries (three tasks of 16) over a cache whose spare capacity holds NaN and
+    infinities: each query's output is bitwise its output alone, and finite."""
+    query, key, value, _ = inputs(torch.bfloat16, n=1, q=40, kv_len=64)
+    key[:, :, 40:48], value[:, :, 40:48] = float("nan"), float("nan")
+    key[:, :, 48:], value[:, :, 48:] = float("inf"), float("-inf")
+    mask = (torch.arange(64)[None, :] <= torch.arange(40)[:, None])[None, None]  # causal over the first 40
+    together = kernel(query, key, value, mask, 0.125)
+    assert torch.isfinite(together).all()
+    for i in range(40):
+        alone = kernel(query[:, :, i : i + 1], key, value, mask[:, :, i : i + 1], 0.125)
+        assert torch.equal(alone[0, 0], together[0, i]), f"query {i}"
+    expected = attention_cpu.reference(query, key[:, :, :40], value[:, :, :40], mask[..., :40], 0.125)
+    torch.testing.assert_close(together.float(), expected.float(), atol=1e-2, rtol=1e-2)
