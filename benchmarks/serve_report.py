@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from benchmarks.serve import CONFIGS, run_line
@@ -64,11 +65,13 @@ def plot(result: dict, path: str | Path) -> None:
         axis.grid(alpha=0.3)
         axis.set_ylim(bottom=0)
     throughput.legend()
-    adapter = f", adapter {result['adapter']}" if result["adapter"] else ""
-    fig.suptitle(
+    # an adapter given as a directory is named by its last two parts (".../adapters/v0009"), so the title fits
+    adapter = f", adapter {'/'.join(Path(str(result['adapter'])).parts[-2:])}" if result["adapter"] else ""
+    title = (
         f"adaptive-spec bench-serve: {Path(str(result['target'])).name}, draft {result['draft']}{adapter}, "
         f"{result['max_new_tokens']} new tokens, greedy"
     )
+    fig.suptitle(textwrap.fill(title, 100))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
