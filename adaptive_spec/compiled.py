@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from adaptive_spec import attention_cpu, exact, kv
+from adaptive_spec import attention_cpu, exact, kv, linear_bf16
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,20 @@ def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
 def _(query, key, value, mask, scaling):
     n, heads, q, d = query.shape
     return query.new_empty((n, q, heads, d))
+
+
+_LINEAR: list = [None]  # linear_bf16's kernel once install() built it (exact.COMPILED_LINEAR then routes to it)
+
+
+@torch.library.custom_op("adaptive_spec::linear", mutates_args=())
+def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The row-invariant bf16 product as one operator: x [m, k], weight [n, k] -> [m, n] (linear_bf16.py)."""
+    return _LINEAR[0](x, weight, bias)
+
+
+@linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 class _Groups:
@@ -157,8 +171,14 @@ def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> Compi
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
-    if next(model.parameters()).device.type == "cpu" and _KERNEL[0] is None:
-        _KERNEL[0] = attention_cpu.load(Path(cache_dir) / "extensions" if cache_dir is not None else None)
+    parameter = next(model.parameters())
+    extensions = Path(cache_dir) / "extensions" if cache_dir is not None else None
+    if parameter.device.type == "cpu" and _KERNEL[0] is None:
+        _KERNEL[0] = attention_cpu.load(extensions)
+    if parameter.device.type == "cpu" and parameter.dtype == torch.bfloat16 and _LINEAR[0] is None:
+        _LINEAR[0] = linear_bf16.load(extensions)
+        if _LINEAR[0] is not None:
+            exact.COMPILED_LINEAR[0] = linear_op
     exact.install(model)
     model.set_attn_implementation(NAME)
     step = CompiledStep(model)

@@ -144,6 +144,7 @@ SIGNING_KEY_ENV = ENV_PREFIX + "SIGNING_KEY"  # the trainer signs versions with 
 COMPILE_ENV = ENV_PREFIX + "COMPILE"  # 0: decode eagerly (tests; a machine without a C++ compiler)
 CPU_ATTENTION_ENV = ENV_PREFIX + "CPU_ATTENTION"  # 0: the compiled step attends with exact.attention, no C++ kernel
 CPU_LINEAR_ENV = ENV_PREFIX + "CPU_LINEAR"  # auto (timed), 1 (always) or 0 (never): cpu_linear.py
+CPU_BF16_LINEAR_ENV = ENV_PREFIX + "CPU_BF16_LINEAR"  # 0: the compiled step's bf16 products stay PyTorch's
 
 
 def redact_url(url: str) -> str:

@@ -65,6 +65,9 @@ NAME = "adaptive_spec_exact"
 BLOCK = 128  # keys per block of the probability-value product (fp32 bmm is invariant at this length)
 MIN_QUERY_ROWS = 4  # fp32 bmm takes another kernel below 4 rows
 LINEAR_MIN_ROWS = 2  # bf16 F.linear takes another kernel for one row
+# The product a compiled step's bf16 linears use instead of F.linear (compiled.install sets it when the C++
+# kernel of linear_bf16.py builds): row-invariant for any row count, so no padding or chunking is needed.
+COMPILED_LINEAR: list = [None]
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
@@ -127,6 +130,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if torch.is_grad_enabled():  # training: the stock kernel, whatever it does with shapes
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
+    kernel = COMPILED_LINEAR[0]
+    if kernel is not None and torch.compiler.is_compiling() and x.dtype == weight.dtype == torch.bfloat16:
+        return kernel(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n = rows.shape[0]
     if row_chunk is None:
         if n >= LINEAR_MIN_ROWS:

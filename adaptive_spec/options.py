@@ -30,6 +30,7 @@ from typing import Any, ClassVar, TypeVar
 from adaptive_spec.contracts import (
     COMPILE_ENV,
     CPU_ATTENTION_ENV,
+    CPU_BF16_LINEAR_ENV,
     CPU_LINEAR_ENV,
     DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
@@ -111,6 +112,7 @@ class CoreSettings:
     | compile | ADAPTIVE_SPEC_COMPILE | on: `Engine.from_pretrained(compile=None)` compiles the decoding step |
     | cpu_attention | ADAPTIVE_SPEC_CPU_ATTENTION | on: the compiled step's C++ attention kernel (attention_cpu.py) |
     | cpu_linear | ADAPTIVE_SPEC_CPU_LINEAR | auto: fp32 CPU products in the order timed faster; 1 always, 0 never |
+    | cpu_bf16_linear | ADAPTIVE_SPEC_CPU_BF16_LINEAR | on: the compiled step's bf16 products by the C++ kernel (linear_bf16.py) |
     | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: the converted models, compiled code |
 
     A switch is off for 0, false, no or off and on for anything else, an empty value included: not
@@ -123,6 +125,7 @@ class CoreSettings:
     cpu_attention: bool = True
     cpu_linear: str = "auto"  # "auto" (timed), "1" (always) or an OFF word (never): cpu_linear.py
     data_dir: Path = Path(DEFAULT_DATA_DIR)
+    cpu_bf16_linear: bool = True  # last, so the fields before it keep their positions
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CoreSettings:
@@ -132,6 +135,7 @@ class CoreSettings:
             cpu_attention=_switch(env.get(CPU_ATTENTION_ENV, "1")),
             cpu_linear=env.get(CPU_LINEAR_ENV, "auto").strip().lower(),
             data_dir=Path(env.get(DATA_DIR_ENV, DEFAULT_DATA_DIR)),
+            cpu_bf16_linear=_switch(env.get(CPU_BF16_LINEAR_ENV, "1")),
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptive_spec import attention_cpu, cpu_linear, models
+from adaptive_spec import attention_cpu, cpu_linear, linear_bf16, models
 from adaptive_spec.options import CoreSettings
 
 
@@ -26,6 +26,7 @@ def test_each_variable_keeps_its_name_and_meaning():
     assert CoreSettings.from_env({"ADAPTIVE_SPEC_COMPILE": "", "ADAPTIVE_SPEC_CPU_ATTENTION": "2"}).compile
     assert CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_ATTENTION": "2"}).cpu_attention
     assert CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_LINEAR": "AUTO"}).cpu_linear == "auto"
+    assert not CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_BF16_LINEAR": "off"}).cpu_bf16_linear
 
 
 def test_the_modules_read_it_when_they_decide(monkeypatch, tmp_path):
@@ -37,3 +38,5 @@ def test_the_modules_read_it_when_they_decide(monkeypatch, tmp_path):
     assert cpu_linear.enabled()
     monkeypatch.setenv("ADAPTIVE_SPEC_CPU_ATTENTION", "false")
     assert attention_cpu.load(tmp_path / "extensions") is None  # turned off: nothing is built
+    monkeypatch.setenv("ADAPTIVE_SPEC_CPU_BF16_LINEAR", "0")
+    assert linear_bf16.load(tmp_path / "extensions") is None

@@ -1,0 +1,87 @@
+"""The C++ bf16 product of the compiled step (`adaptive_spec.linear_bf16`).
+
+Run: .venv/bin/python -m pytest tests/adaptive_spec/test_linear_bf16.py -q   (builds it once: ~20 s)
+
+What must hold: it computes x @ weight.T (+ bias) to bf16 rounding, and a row's output is bitwise the
+same alone, in any batch, at any place in it, and however the threads split the outputs. On a CPU
+without AVX512-BF16 the kernel does not serve (load gives None) and these tests are skipped as such.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from adaptive_spec import compiled, exact, linear_bf16
+
+
+def _has_bf16_instructions() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and "avx512_bf16" in cpuinfo.read_text()
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    if not _has_bf16_instructions():
+        pytest.skip("this CPU has no AVX512-BF16: the kernel does not serve here")
+    built = linear_bf16.load(tmp_path_factory.mktemp("extensions"))
+    assert built is not None, "the kernel did not build on a CPU with AVX512-BF16: is g++ installed?"
+    return built
+
+
+def operands(m, k, n, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    weight = (torch.randn(n, k, generator=generator) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(n, generator=generator).to(torch.bfloat16)
+    return x, weight, bias
+
+
+# the default model's shapes, and sizes that leave tails: k not a multiple of 32, n not of 4
+SHAPES = [(576, 576), (576, 1536), (1536, 576), (50, 37), (33, 130)]
+
+
+@pytest.mark.parametrize("k,n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_kernel_computes_the_product(kernel, k, n, with_bias) -> None:
+    x, weight, bias = operands(9, k, n)
+    bias = bias if with_bias else None
+    out = kernel(x, weight, bias)
+    assert out.shape == (9, n) and out.dtype == torch.bfloat16
+    expected = linear_bf16.reference(x, weight, bias).float()
+    # bf16 output: one rounding of a value up to ~|10| (an ulp is 2^-4 there), plus fp32 sums in another order
+    torch.testing.assert_close(out.float(), expected, atol=0.07, rtol=0.01)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_a_rows_output_does_not_depend_on_what_shares_the_call(kernel, k, n, threads) -> None:
+    x, weight, bias = operands(40, k, n, seed=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = kernel(x, weight, bias)
+        for row in (0, 3, 17, 39):
+            assert torch.equal(kernel(x[row : row + 1], weight, bias)[0], together[row]), row
+        assert torch.equal(kernel(x[5:22], weight, bias), together[5:22])  # a block of 4 starts elsewhere
+        assert torch.equal(kernel(x.flip(0), weight, bias).flip(0), together)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_compiled_steps_linears_take_the_kernel(kernel) -> None:
+    """exact.linear routes a bf16 product to the operator while a step is being compiled, and only then."""
+    saved = compiled._LINEAR[0], exact.COMPILED_LINEAR[0]
+    compiled._LINEAR[0], exact.COMPILED_LINEAR[0] = kernel, compiled.linear_op
+    try:
+        x, weight, _ = operands(2, 576, 49152)  # an LM head: PyTorch and the kernel round 14 outputs apart
+        step = torch.compile(lambda x, weight: exact.linear(x, weight), dynamic=True, backend="eager")
+        with torch.inference_mode():
+            eager = exact.linear(x[None], weight)[0]
+            assert torch.equal(eager, torch.nn.functional.linear(x, weight))  # eager: PyTorch's product
+            assert torch.equal(step(x[None], weight)[0], kernel(x, weight, None))
+            assert not torch.equal(eager, kernel(x, weight, None))  # so the two checks above tell them apart
+    finally:
+        compiled._LINEAR[0], exact.COMPILED_LINEAR[0] = saved
