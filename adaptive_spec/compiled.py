@@ -66,20 +66,6 @@ def _(query, key, value, mask, scaling):
     return query.new_empty((n, q, heads, d))
 
 
-_LINEAR: list = [None]  # linear_bf16's kernel once install() built it (exact.COMPILED_LINEAR then routes to it)
-
-
-@torch.library.custom_op("adaptive_spec::linear", mutates_args=())
-def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The row-invariant bf16 product as one operator: x [m, k], weight [n, k] -> [m, n] (linear_bf16.py)."""
-    return _LINEAR[0](x, weight, bias)
-
-
-@linear_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty((x.shape[0], weight.shape[0]))
-
-
 class _Groups:
     def __init__(self, groups: int):
         self.num_key_value_groups = groups
@@ -175,10 +161,8 @@ def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> Compi
     extensions = Path(cache_dir) / "extensions" if cache_dir is not None else None
     if parameter.device.type == "cpu" and _KERNEL[0] is None:
         _KERNEL[0] = attention_cpu.load(extensions)
-    if parameter.device.type == "cpu" and parameter.dtype == torch.bfloat16 and _LINEAR[0] is None:
-        _LINEAR[0] = linear_bf16.load(extensions)
-        if _LINEAR[0] is not None:
-            exact.COMPILED_LINEAR[0] = linear_op
+    if parameter.device.type == "cpu" and parameter.dtype == torch.bfloat16 and exact.COMPILED_LINEAR[0] is None:
+        exact.COMPILED_LINEAR[0] = linear_bf16.load(extensions)  # the row-invariant product, an operator
     exact.install(model)
     model.set_attn_implementation(NAME)
     step = CompiledStep(model)
