@@ -55,6 +55,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from adaptive_spec import kv
+
 # A transformers causal LM: its parts are reached by name (config, model.layers, set_attn_implementation),
 # which nn.Module's types cannot say.
 CausalLM = Any
@@ -242,6 +244,9 @@ def make_exact(model: CausalLM) -> InvarianceReport:
     report = None
     for row_chunk in (None, 16):
         install(model, row_chunk)
+        step = kv.COMPILED.get(model)
+        if step is not None and row_chunk is not None:
+            step.rebuild()  # its compiled code does not check the modules install() just changed
         report = check(model)
         report.row_chunk = row_chunk
         if report.exact:

@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch._dynamo
 from tiny import llama
+from transformers import LlamaForCausalLM
 
-from adaptive_spec import Engine, exact
+from adaptive_spec import Engine, compiled, exact, kv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,3 +61,24 @@ def test_the_eager_invariant_path_agrees_on_what_is_exact() -> None:
     """The same model eager: exact too (the compiled step is not what makes it exact)."""
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
     assert exact.make_exact(model).exact
+
+
+def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_path) -> None:
+    """A compiled step leaves the guards on the model's modules out (compiled.py, CompiledStep.rebuild), so
+    code compiled for one model must never serve another: here two models alike in every input and
+    cache shape but their MLP's width, so only those guards could have told them apart."""
+    first = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    config = first.config.to_dict() | {"intermediate_size": 3 * first.config.hidden_size}
+    torch.manual_seed(1)
+    second = LlamaForCausalLM(type(first.config)(**config)).to(torch.bfloat16).eval()
+    prompt = [5, 17, 33, 8, 21]
+    for model in (first, second):
+        compiled.install(model, tmp_path)
+    for model in (first, second, first):
+        with torch.inference_mode():
+            cache = kv.BatchCache.for_model(model)
+            cache.add_row()
+            kv.feed(model, cache, [0], [prompt[:-1]])  # the prompt, eager
+            step = kv.feed(model, cache, [0], [prompt[-1:]], all_logits=True)[0, -1]  # a compiled step
+            eager = model(torch.tensor([prompt])).logits[0, -1]
+        torch.testing.assert_close(step.float(), eager.float(), atol=0.05, rtol=0.05)
