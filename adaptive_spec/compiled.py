@@ -3,7 +3,9 @@
 A decoding step of the default model in eager PyTorch dispatches about 1,800 operators (norms,
 projections, rotary, the cache write, attention, the MLP, residuals, 30 times over), and on a
 2-core CPU the dispatching, not the weights, is most of its cost. Compiled, the pointwise work
-of each layer fuses into a few C++ kernels, and the matrix products stay the library's.
+of each layer fuses into a few C++ kernels; the matrix products stay the library's, except bf16 ones
+on a CPU with AVX512-BF16, which go to the row-invariant kernel of linear_bf16.py (twice as fast
+for the few rows of a step).
 
     from adaptive_spec import compiled
     compiled.install(model, cache_dir=data_dir / "compile")   # kv.feed runs its steps compiled from now on

@@ -26,6 +26,8 @@ What is invariant as it stands: RMSNorm, the rotary embedding, the elementwise o
   column gives the softmax's normaliser from the same products.
 - `linear`: a lone row is padded to two; with `row_chunk` set, larger inputs run in chunks of
   exactly that many rows (the last one padded), for CPUs whose kernel changes with the row count.
+  Inside a compiled step, bf16 products go to linear_bf16.py's kernel instead (COMPILED_LINEAR),
+  whose rows are invariant by construction.
 
 The arithmetic is the same as SDPA's (bf16 inputs, fp32 accumulation), so outputs match the stock
 path to rounding. Whether it is enough on a given machine is measured, not assumed: `check`
