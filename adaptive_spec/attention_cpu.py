@@ -249,25 +249,31 @@ def load(build_dir: Path | str | None = None):
     key = "kernel"  # one build per process, wherever the first caller keeps it
     if key not in _loaded:
         try:
-            from torch.utils.cpp_extension import load_inline
-
-            directory = Path(build_dir) if build_dir is not None else None
-            if directory is not None:
-                directory.mkdir(parents=True, exist_ok=True)
-            module = load_inline(
-                name="adaptive_spec_attention_cpu",
-                cpp_sources=SOURCE,
-                functions=["attention"],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory) if directory is not None else None,
-                verbose=False,
-            )
-            _loaded[key] = module.attention
+            _loaded[key] = build("adaptive_spec_attention_cpu", SOURCE, ["attention"], build_dir).attention
         except Exception as exc:  # no compiler, no headers: the operator version serves
             log.warning("the C++ attention kernel could not be built (%s); using exact.attention", exc)
             _loaded[key] = None
     return _loaded[key]
+
+
+def build(name: str, source: str, functions: list[str], build_dir: Path | str | None, flags: tuple[str, ...] = ()):
+    """Build (or load, when `build_dir` has it) a C++ extension for this machine's CPU: -march=native,
+    OpenMP for ATen's parallel_for, and no fused multiply-add the source did not write
+    (-ffp-contract=off, which the kernels' fixed reduction orders rely on). Raises if it cannot."""
+    from torch.utils.cpp_extension import load_inline
+
+    directory = Path(build_dir) if build_dir is not None else None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+    return load_inline(
+        name=name,
+        cpp_sources=source,
+        functions=functions,
+        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *flags],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(directory) if directory is not None else None,
+        verbose=False,
+    )
 
 
 def reference(query, key, value, mask, scale) -> torch.Tensor:

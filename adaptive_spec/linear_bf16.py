@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from adaptive_spec import attention_cpu
 from adaptive_spec.options import CoreSettings
 
 log = logging.getLogger(__name__)
@@ -156,25 +157,12 @@ def load(build_dir: Path | str | None = None):
     if key not in _loaded:
         _loaded[key] = None
         try:
-            from torch.utils.cpp_extension import load_inline
-
-            directory = Path(build_dir) if build_dir is not None else None
-            if directory is not None:
-                directory.mkdir(parents=True, exist_ok=True)
-            module = load_inline(
-                name="adaptive_spec_linear_bf16",
-                cpp_sources=SOURCE,
-                functions=["available", "linear"],
-                extra_cflags=[
-                    "-O3",
-                    "-march=native",
-                    "-fopenmp",
-                    "-ffp-contract=off",
-                    f"-DPREFETCH_ROWS={PREFETCH_ROWS}",
-                ],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory) if directory is not None else None,
-                verbose=False,
+            module = attention_cpu.build(
+                "adaptive_spec_linear_bf16",
+                SOURCE,
+                ["available", "linear"],
+                build_dir,
+                (f"-DPREFETCH_ROWS={PREFETCH_ROWS}",),
             )
             if module.available():
                 _loaded[key] = _operator()
