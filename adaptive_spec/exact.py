@@ -128,14 +128,28 @@ AttentionInterface.register(NAME, attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, row_chunk: int | None = None):
+DRAFT_KERNEL_MAX_ROWS = 64  # a draft's eager products take the kernel up to this many rows (it is for few rows)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    row_chunk: int | None = None,
+    draft: bool = False,
+):
     """`F.linear` whose rows do not depend on how many share the product: a lone row is computed
-    beside a zero row, and with `row_chunk` every product has exactly `row_chunk` rows."""
+    beside a zero row, and with `row_chunk` every product has exactly `row_chunk` rows. `draft`: a
+    draft's own module (`draft_products`), whose few-row products may take the kernel eagerly too."""
     if torch.is_grad_enabled():  # training: the stock kernel, whatever it does with shapes
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
     kernel = COMPILED_LINEAR[0]
-    if kernel is not None and torch.compiler.is_compiling() and x.dtype == weight.dtype == torch.bfloat16:
+    if (
+        kernel is not None
+        and x.dtype == weight.dtype == torch.bfloat16
+        and (torch.compiler.is_compiling() or (draft and rows.shape[0] <= DRAFT_KERNEL_MAX_ROWS))
+    ):
         return kernel(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n = rows.shape[0]
     if row_chunk is None:
@@ -150,7 +164,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:  # an nn.Linear that install() marked
-    return linear(x, self.weight, self.bias, self._exact_row_chunk)
+    return linear(x, self.weight, self.bias, self._exact_row_chunk, getattr(self, "_draft_products", False))
+
+
+def draft_products(module: nn.Module) -> None:
+    """Let the linears of a draft's own module (not the target's, which it may share) take the kernel of
+    a compiled step's products (COMPILED_LINEAR) in eager forwards of up to DRAFT_KERNEL_MAX_ROWS rows:
+    a draft need not be invariant, since the target verifies every token, only fast. Copies carry it."""
+    for linear_module in module.modules():
+        if type(linear_module) is nn.Linear:
+            linear_module._draft_products = True  # type: ignore[assignment]  # read by _forward
 
 
 def install(model: CausalLM, row_chunk: int | None = None) -> None:

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from adaptive_spec import kv
+from adaptive_spec import exact, kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.tree import TOPK, RowTree
@@ -175,6 +175,7 @@ class HeadDrafter(Drafter):
 
     def __init__(self, target, name: str = "head"):
         self.head = DraftHead(target).eval().requires_grad_(False)
+        exact.draft_products(self.head)  # its own linears (fuse, layer) may take the fast bf16 product
         self.name = name
         self.device = next(self.head.parameters()).device
         self.vocab = self.new_vocab()

@@ -67,7 +67,7 @@ def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_pat
     """A compiled step leaves the guards on the model's modules out (compiled.py, CompiledStep.rebuild), so
     code compiled for one model must never serve another: here two models alike in every input and
     cache shape but their MLP's width, so only those guards could have told them apart."""
-    first = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    first = llama(0, init=0.02, layers=1).to(torch.bfloat16)
     config = first.config.to_dict() | {"intermediate_size": 3 * first.config.hidden_size}
     torch.manual_seed(1)
     second = LlamaForCausalLM(type(first.config)(**config)).to(torch.bfloat16).eval()

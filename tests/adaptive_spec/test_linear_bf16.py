@@ -10,6 +10,7 @@ without AVX512-BF16 the kernel does not serve (load gives None) and these tests 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -83,5 +84,39 @@ def test_the_compiled_steps_linears_take_the_kernel(kernel) -> None:
             assert torch.equal(eager, torch.nn.functional.linear(x, weight))  # eager: PyTorch's product
             assert torch.equal(step(x[None], weight)[0], kernel(x, weight, None))
             assert not torch.equal(eager, kernel(x, weight, None))  # so the two checks above tell them apart
+    finally:
+        exact.COMPILED_LINEAR[0] = saved
+
+
+class _Model(torch.nn.Module):
+    """One linear, and the config exact.install reads."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.config = SimpleNamespace(_attn_implementation=None)
+        self.linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+        self.linear.weight.data.copy_(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_a_drafts_own_linears_take_the_kernel_eagerly_and_the_targets_do_not(kernel) -> None:
+    """exact.draft_products marks a draft's own modules: their few-row eager products take the kernel (a draft
+    need not be invariant), while a module it does not mark keeps PyTorch's product outside a compiled step."""
+    saved = exact.COMPILED_LINEAR[0]
+    exact.COMPILED_LINEAR[0] = kernel
+    try:
+        x, weight, _ = operands(2, 576, 49152)
+        draft, target = (_Model(weight) for _ in range(2))
+        for model in (draft, target):
+            exact.install(model)
+        exact.draft_products(draft)
+        with torch.inference_mode():
+            assert torch.equal(draft(x), kernel(x, weight, None))
+            assert torch.equal(target(x), torch.nn.functional.linear(x, weight))
+            assert not torch.equal(draft(x), target(x))
+            many = torch.randn(exact.DRAFT_KERNEL_MAX_ROWS + 1, 576).to(torch.bfloat16)
+            assert torch.equal(draft(many), torch.nn.functional.linear(many, weight))  # a prompt's catch-up
     finally:
         exact.COMPILED_LINEAR[0] = saved
