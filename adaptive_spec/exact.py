@@ -164,7 +164,9 @@ def linear(
 
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:  # an nn.Linear that install() marked
-    return linear(x, self.weight, self.bias, self._exact_row_chunk, getattr(self, "_draft_products", False))
+    if getattr(self, "_draft_products", False):
+        return linear(x, self.weight, self.bias, self._exact_row_chunk, draft=True)
+    return linear(x, self.weight, self.bias, self._exact_row_chunk)
 
 
 def draft_products(module: nn.Module) -> None:
