@@ -76,3 +76,12 @@ def test_a_prompts_queries_equal_themselves_one_at_a_time_whatever_lies_out_of_s
         assert torch.equal(alone[0, 0], together[0, i]), f"query {i}"
     expected = attention_cpu.reference(query, key[:, :, :40], value[:, :, :40], mask[..., :40], 0.125)
     torch.testing.assert_close(together.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_values_read_in_place_or_copied_out_give_the_same_bits(kernel) -> None:
+    """bf16 values with contiguous rows are read where they lie; any other layout is first copied out
+    in fp32. Both are the same numbers, so the same output, bit for bit."""
+    query, key, value, mask = inputs(torch.bfloat16)
+    strided = value.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last dimension strided
+    assert strided.stride(-1) != 1
+    assert torch.equal(kernel(query, key, strided, mask, 0.125), kernel(query, key, value, mask, 0.125))
