@@ -34,11 +34,16 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     two agree and the third does not, so num_accepted = 2 and the recovered token is 2. Had the
     draft proposed [5, 9, 2], all three are accepted and the bonus token is 7.
     """
-    target_choice = target_logits.argmax(dim=-1)  # [k + 1]
-    k = draft_tokens.shape[0]
-    agree = (draft_tokens == target_choice[:k]).to(torch.int64)  # [k]
-    num_accepted = int(agree.cumprod(dim=0).sum())
-    return Verdict(num_accepted, int(target_choice[num_accepted]))
+    return greedy_accept_choices(draft_tokens.tolist(), target_logits.argmax(dim=-1).tolist())
+
+
+def greedy_accept_choices(draft: list[int], choices: list[int]) -> Verdict:
+    """`greedy_accept` given the target's argmaxes (`choices`, k + 1 ints): a batch takes every row's
+    argmax in one operation (a few small operations per row cost about 0.2 ms each step)."""
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == choices[accepted]:
+        accepted += 1
+    return Verdict(accepted, choices[accepted])
 
 
 def rejection_sample(

@@ -34,7 +34,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from adaptive_spec import kv
-from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
+from adaptive_spec.acceptance import (
+    Verdict,
+    greedy_accept,
+    greedy_accept_choices,
+    rejection_sample,
+    tree_greedy_accept,
+    tree_rejection_sample,
+)
 from adaptive_spec.adapter_slots import AdapterSlot
 from adaptive_spec.constraints import Constraints
 from adaptive_spec.drafters import Proposal, no_proposal
@@ -105,6 +112,7 @@ class Batch:
         self.drafter = engine.drafter
         self.wants_hidden = self.drafter is not None and self.drafter.wants_target_hidden
         self._verified_hidden: list[torch.Tensor] | None = None  # per row [k + 1, hidden], from the last verify
+        self._choices: list[list[int]] | None = None  # per row the target's k + 1 argmaxes, from the last verify
         self.prefills = ChunkedPrefill(engine.target, self.wants_hidden)  # long prompts joining a busy batch
 
     def __len__(self) -> int:
@@ -314,6 +322,14 @@ class Batch:
         self._verified_hidden = (
             None if hidden is None else [hidden[i, width - len(feed) :] for i, feed in enumerate(feeds)]
         )
+        plain_greedy = any(
+            row.params.greedy and row.constraints is None and p.parents is None
+            for row, p in zip(self.rows, proposals, strict=True)
+        )
+        # [batch][width], in one operation; fp32 holds bf16 exactly and argmax keeps the first of equal values,
+        # so this is bf16's argmax, at a fifth of its cost here (0.37 against 1.84 ms for 8 x 3 x 49152)
+        choices = logits.float().argmax(dim=-1).tolist() if plain_greedy else None
+        self._choices = None if choices is None else [c[width - len(f) :] for c, f in zip(choices, feeds, strict=True)]
         return per_row, self.engine.clock() - started
 
     def _accept(
@@ -322,14 +338,16 @@ class Batch:
         """Each row's verdict. A tree's is the path the target kept: from here on the row's proposal
         is that path (with the columns it was verified at) and its logits those of the path."""
         settled, settled_logits, verdicts = [], [], []
-        for row, proposal, raw in zip(self.rows, proposals, target_logits, strict=True):
+        for i, (row, proposal, raw) in enumerate(zip(self.rows, proposals, target_logits, strict=True)):
             if proposal.parents is not None:
                 proposal, raw, verdict = self._accept_tree(row, proposal, raw)
             else:
                 logits = raw  # the trace keeps the raw logits: what the target wanted
                 if row.constraints is not None:
                     logits = row.constraints.target(raw, proposal.tokens.tolist())
-                if row.params.greedy:
+                if row.params.greedy and row.constraints is None and self._choices is not None:
+                    verdict = greedy_accept_choices(proposal.tokens.tolist(), self._choices[i])
+                elif row.params.greedy:
                     verdict = greedy_accept(proposal.tokens, logits)
                 else:
                     target_probs = logits_to_probs(logits, row.params)  # [k + 1, vocab]

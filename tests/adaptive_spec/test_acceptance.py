@@ -24,7 +24,7 @@ import pytest
 import torch
 from acceptance_support import ALPHA, chi_square_p_value, logits_with_argmax
 
-from adaptive_spec.acceptance import Verdict, greedy_accept, rejection_sample
+from adaptive_spec.acceptance import Verdict, greedy_accept, greedy_accept_choices, rejection_sample
 from adaptive_spec.sampling import sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,6 +122,22 @@ def test_greedy_ties_break_like_argmax() -> None:
         ]
     )
     assert greedy_accept(torch.tensor([2]), target_logits) == Verdict(num_accepted=0, next_token=1)
+
+
+def test_a_batchs_fp32_argmax_gives_each_rows_bf16_verdict() -> None:
+    """A batch takes every row's argmax at once, in fp32 (batch.py `_verify`): the verdicts equal
+    `greedy_accept` on each row's own bf16 logits, ties included (bf16 logits tie often)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(8, 5, 3000, generator=generator) * 4).round().to(torch.bfloat16)  # many ties
+    choices = logits.float().argmax(dim=-1).tolist()
+    for row in range(8):
+        for k in range(5):
+            for trial in range(3):
+                draft = list(choices[row][:k])  # agree up to a point, then differ (or not)
+                if trial and k:
+                    draft[trial % k] = int(torch.randint(0, 3000, (1,), generator=generator))
+                expected = greedy_accept(torch.tensor(draft, dtype=torch.long), logits[row, : k + 1])
+                assert greedy_accept_choices(draft, choices[row][: k + 1]) == expected
 
 
 def one_hot_rows(tokens: list[int], vocab: int) -> torch.Tensor:
