@@ -195,8 +195,9 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
   // first copied out in fp32 (the same numbers either way)
   const bool direct = std::is_same<T, at::BFloat16>::value && vs[3] == 1 && (d == 64 || d == 128);
   at::parallel_for(0, n * kv_heads * qblocks, 1, [&](int64_t begin, int64_t end) {
-    // keys as [block][dimension][16 keys] (padding keys 0), values as [key][dimension], in fp32
-    std::vector<float> kt(blocks * d * KEYS, 0.f), vf(kv_len * d), qf(d);
+    // keys as [block][dimension][16 keys] (padding keys 0), values as [key][dimension] (unless read
+    // in place), in fp32
+    std::vector<float> kt(blocks * d * KEYS, 0.f), vf(direct ? 0 : kv_len * d), qf(d);
     std::vector<float> weights(HEAD_BLOCK * blocks * KEYS), acc(HEAD_BLOCK * d);
     std::vector<int64_t> keep(kv_len);
     int64_t converted = -1, ready = 0;  // kt and vf hold keys 0..ready-1 of the (row, kv head) `converted`
@@ -228,10 +229,9 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
             }
           }
           float* kd = kt.data() + (j / KEYS) * d * KEYS + (j % KEYS);
-          float* vd = vf.data() + j * d;
           for (int64_t t = 0; t < d; ++t) kd[t * KEYS] = static_cast<float>(kp[t * ks[3]]);
           if (!direct)
-            for (int64_t t = 0; t < d; ++t) vd[t] = static_cast<float>(vp[t * vs[3]]);
+            for (int64_t t = 0; t < d; ++t) vf[j * d + t] = static_cast<float>(vp[t * vs[3]]);
         }
         for (int64_t h0 = g * groups; h0 < (g + 1) * groups; h0 += HEAD_BLOCK) {
           const int hn = static_cast<int>(std::min<int64_t>(HEAD_BLOCK, (g + 1) * groups - h0));
