@@ -115,6 +115,7 @@ class Batch:
         # per row, from the last verify: the target's k + 1 argmaxes (plain greedy rows), else None
         self._choices: list[list[int] | None] = []
         self.prefills = ChunkedPrefill(engine.target, self.wants_hidden)  # long prompts joining a busy batch
+        self.prefixes = engine.prefix_cache  # prompts' cached prefixes (prefix_cache.py), or None
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.prefills)
@@ -131,15 +132,28 @@ class Batch:
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         row = self._new_row(request)
-        if self.prefills.worth_staging(len(row.ids), len(self.rows)):
-            self.prefills.stage(row)
+        prompt = row.ids[:-1]  # the last token is fed by the first step
+        hit = self.prefixes.lookup(prompt) if self.prefixes is not None and prompt else None
+        cached = 0 if hit is None else hit.length
+        row.stats.cached_tokens = cached
+        if self.prefills.worth_staging(len(row.ids) - cached, len(self.rows)):
+            self.prefills.stage(row, hit)
             return row
         self._join(row)
-        if len(row.ids) > 1:
+        if prompt:
             started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
-            out = kv.feed(self.engine.target, self.target_cache, [row.slot], [row.ids[:-1]], hidden=self.wants_hidden)
+            if hit is not None:
+                self.target_cache.write_row(row.slot, hit.keys, hit.values)
+            out = kv.feed(
+                self.engine.target, self.target_cache, [row.slot], [prompt[cached:]], hidden=self.wants_hidden
+            )
+            states = out[1][0] if self.wants_hidden else None
+            if hit is not None and states is not None:
+                states = torch.cat([hit.states, states])
+            if self.prefixes is not None:
+                self.prefixes.insert(prompt, self.target_cache, row.slot, states)
             if self.drafter is not None:
-                self.drafter.on_prefill(row, out[1][0] if self.wants_hidden else None)  # positions 0 .. len - 2
+                self.drafter.on_prefill(row, states)  # positions 0 .. len - 2
             row.stats.prefill_s = self.engine.clock() - started
         return row
 
@@ -150,6 +164,8 @@ class Batch:
             return
         row, states, seconds = finished
         self._join(row)
+        if self.prefixes is not None:
+            self.prefixes.insert(row.ids[:-1], self.prefills.cache, 0, states)
         self.prefills.copy_into(self.target_cache, row.slot)
         if self.drafter is not None:
             self.drafter.on_prefill(row, states)

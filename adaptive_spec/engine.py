@@ -39,6 +39,7 @@ from adaptive_spec.dynamic_k import DynamicK
 from adaptive_spec.grammar import WHITESPACE, GrammarError, Grammars
 from adaptive_spec.models import load_model, resolve_device, serving_dtype
 from adaptive_spec.options import CoreSettings
+from adaptive_spec.prefix_cache import PrefixCache
 from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
 from adaptive_spec.sampling import SamplingParams
 from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
@@ -79,6 +80,7 @@ class Engine:
         compile_dir: Path | str | None = None,
         json_whitespace: str = "compact",
         tree_budget: int | None = None,
+        prefix_cache_mb: int | None = None,
     ):
         self.target = target.eval().requires_grad_(False)
         self.device = next(target.parameters()).device
@@ -105,6 +107,15 @@ class Engine:
         self._exactness: exact.InvarianceReport | None = None
         if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
+        # Prompts' cached prefixes, where a prefill split anywhere was measured to give the same bits
+        # (prefix_cache.py); eager fp32 keeps per-shape kernels, so it computes every prompt whole.
+        megabytes = CoreSettings.from_env().prefix_cache_mb if prefix_cache_mb is None else prefix_cache_mb
+        reusable = self._exactness is not None and self._exactness.exact and self._exactness.prefix_reuse
+        self.prefix_cache = (
+            PrefixCache(megabytes << 20, keep_states=self.drafter is not None and self.drafter.wants_target_hidden)
+            if megabytes > 0 and reusable
+            else None
+        )
         self.k = k
         trees = tree_budget if self.drafter is not None and self.drafter.builds_trees else None
         self.policy = DynamicK(

@@ -206,10 +206,14 @@ class InvarianceReport:
     dtype: str
     row_chunk: int | None = None  # the linear row chunk that made it exact (None: none needed)
     cases: list[str] = field(default_factory=list)  # the shapes that differed, e.g. "verify 5: position 0"
+    # whether a prompt prefilled in two parts (a cached prefix, then the rest) gives the same bits as fed
+    # whole: what the prefix cache (prefix_cache.py) needs besides `exact`
+    prefix_reuse: bool = False
 
     def summary(self) -> str:
         if self.exact:
-            return f"{self.dtype}: batch-invariant ({self.compared} positions bitwise equal across shapes)"
+            reuse = "" if self.prefix_reuse else "; a prefill split in two differs, so no prefix cache"
+            return f"{self.dtype}: batch-invariant ({self.compared} positions bitwise equal across shapes{reuse})"
         return (
             f"{self.dtype}: NOT batch-invariant on this machine: {self.differing} of {self.compared} positions "
             f"differ (max logit difference {self.max_abs_diff:.3g}; first: {', '.join(self.cases[:3])})"
@@ -221,7 +225,8 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
     """Compare, bitwise, the logits of positions computed as a plain step against the same
     positions inside verifies of 2 to `max_width` tokens and inside batches of up to `max_rows`
     rows of other lengths with staggered widths (padding). Random token ids, fixed seed; about
-    40 forwards (1.2 s on the default model in bf16 on 2 cores)."""
+    40 forwards (1.2 s on the default model in bf16 on 2 cores). Apart from those, `prefix_reuse`: a
+    prompt prefilled in two parts against the same prompt fed whole (prefix_cache.py)."""
     from adaptive_spec import kv  # kv imports nothing of this module; deferred to keep import order flat
 
     config = model.config
@@ -261,7 +266,26 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
     cases = [name for name, a, b in comparisons if not torch.equal(a, b)]
     worst = max(((a.float() - b.float()).abs().max().item() for _, a, b in comparisons), default=0.0)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return InvarianceReport(not cases, len(comparisons), len(cases), worst, dtype, cases=cases)
+    report = InvarianceReport(not cases, len(comparisons), len(cases), worst, dtype, cases=cases)
+    report.prefix_reuse = _prefix_reuse(model, contexts[-1], following[:2])
+    return report
+
+
+def _prefix_reuse(model: CausalLM, context: list[int], following: list[int]) -> bool:
+    """Whether `context` prefilled in two parts, split at a few points, and then `following` give the
+    same logits, bitwise, as the context fed whole (the prefix cache's premise)."""
+    from adaptive_spec import kv
+
+    def logits(parts: list[list[int]]) -> torch.Tensor:
+        cache = kv.BatchCache.for_model(model)
+        row = cache.add_row()
+        for part in parts:
+            kv.feed(model, cache, [row], [part])
+        return kv.feed(model, cache, [row], [following], all_logits=True)[0]
+
+    whole = logits([context])
+    splits = sorted({1, 16, len(context) // 2, len(context) - 1} & set(range(1, len(context))))
+    return all(torch.equal(whole, logits([context[:at], context[at:]])) for at in splits)
 
 
 def make_exact(model: CausalLM) -> InvarianceReport:

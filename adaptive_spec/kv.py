@@ -116,6 +116,20 @@ class BatchCache:
                 buffer[row, :, :n] = other[source_row, :, :n]
         self.lengths[row] = n
 
+    @torch.inference_mode()
+    def write_row(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Row `row` now holds the given positions, per layer `[kv_heads, n, head_dim]` (a cached prefix,
+        prefix_cache.py)."""
+        n = keys[0].shape[1]
+        for layer, key in enumerate(keys):
+            if self.keys[layer] is None:
+                self._allocate(layer, key[None])
+        self._reserve(len(self.lengths), max(n, 1))
+        for buffers, given in ((self.keys, keys), (self.values, values)):
+            for buffer, tensor in zip(buffers, given, strict=True):
+                _present(buffer)[row, :, :n] = tensor
+        self.lengths[row] = n
+
     def set_length(self, row: int, length: int) -> None:
         """Row `row` now holds `length` valid positions (at most what was written)."""
         self.lengths[row] = length

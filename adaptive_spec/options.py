@@ -37,6 +37,7 @@ from adaptive_spec.contracts import (
     DEFAULT_DRAFT,
     DEFAULT_MODEL,
     ENV_PREFIX,
+    PREFIX_CACHE_MB_ENV,
 )
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -114,6 +115,7 @@ class CoreSettings:
     | cpu_linear | ADAPTIVE_SPEC_CPU_LINEAR | auto: fp32 CPU products in the order timed faster; 1 always, 0 never |
     | cpu_bf16_linear | ADAPTIVE_SPEC_CPU_BF16_LINEAR | on: the compiled step's bf16 products by the C++ kernel (linear_bf16.py) |
     | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: the converted models, compiled code |
+    | prefix_cache_mb | ADAPTIVE_SPEC_PREFIX_CACHE_MB | 512: memory for prompts' cached prefixes (prefix_cache.py); 0 none |
 
     A switch is off for 0, false, no or off and on for anything else, an empty value included: not
     `EnvSettings`' parsing (on only for 1, true, yes or on), and kept so because these variables always
@@ -125,7 +127,8 @@ class CoreSettings:
     cpu_attention: bool = True
     cpu_linear: str = "auto"  # "auto" (timed), "1" (always) or an OFF word (never): cpu_linear.py
     data_dir: Path = Path(DEFAULT_DATA_DIR)
-    cpu_bf16_linear: bool = True  # last, so the fields before it keep their positions
+    cpu_bf16_linear: bool = True  # after the others, so the fields before it keep their positions
+    prefix_cache_mb: int = 512
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CoreSettings:
@@ -136,7 +139,18 @@ class CoreSettings:
             cpu_linear=env.get(CPU_LINEAR_ENV, "auto").strip().lower(),
             data_dir=Path(env.get(DATA_DIR_ENV, DEFAULT_DATA_DIR)),
             cpu_bf16_linear=_switch(env.get(CPU_BF16_LINEAR_ENV, "1")),
+            prefix_cache_mb=_megabytes(env.get(PREFIX_CACHE_MB_ENV, "512")),
         )
+
+
+def _megabytes(raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{PREFIX_CACHE_MB_ENV} must be a whole number of megabytes, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{PREFIX_CACHE_MB_ENV} must be >= 0, got {value}")
+    return value
 
 
 def _switch(raw: str) -> bool:

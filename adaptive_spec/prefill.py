@@ -37,6 +37,7 @@ class _Staged:
     fed: int = 0  # chunks fed so far
     states: list[torch.Tensor] = field(default_factory=list)  # the target's states per chunk, when wanted
     seconds: float = 0.0
+    hit: Any = None  # prefix_cache.Hit: the prompt's cached prefix, written into the cache before the chunks
 
 
 class ChunkedPrefill:
@@ -58,8 +59,11 @@ class ChunkedPrefill:
         """A prompt longer than one chunk, while others decode (alone, it may as well go at once)."""
         return decoding_rows > 0 and prompt_tokens - 1 > kv.PREFILL_CHUNK
 
-    def stage(self, row) -> None:
-        self._queue.append(_Staged(row, kv.prefill_chunks(len(row.ids) - 1)))
+    def stage(self, row, hit=None) -> None:
+        """Queue a row's prompt; with `hit` (a cached prefix, prefix_cache.py) only the rest is fed."""
+        start = 0 if hit is None else hit.length
+        chunks = [slice(start + c.start, start + c.stop) for c in kv.prefill_chunks(len(row.ids) - 1 - start)]
+        self._queue.append(_Staged(row, chunks, hit=hit))
 
     def remove(self, row) -> bool:
         """Drop a staged row (cancelled); True if it was staged."""
@@ -79,6 +83,10 @@ class ChunkedPrefill:
             return None
         staged = self._queue[0]
         started = clock()
+        if staged.fed == 0 and staged.hit is not None:
+            self.cache.write_row(0, staged.hit.keys, staged.hit.values)
+            if self.wants_hidden:
+                staged.states.append(staged.hit.states)
         tokens = staged.row.ids[:-1][staged.chunks[staged.fed]]
         out = kv.feed(self.target, self.cache, [0], [tokens], decoder_only=True, hidden=self.wants_hidden)
         if self.wants_hidden:

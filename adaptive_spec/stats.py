@@ -101,6 +101,7 @@ class RequestStats(Totals):
     target_forwards: int = 0  # decoding forwards (verifications); the prefill is counted apart
     draft_forwards: int = 0
     prefill_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache (prefix_cache.py)
     draft_s: float = 0.0
     verify_s: float = 0.0
     wall_s: float = 0.0

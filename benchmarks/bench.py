@@ -35,7 +35,7 @@ import copy
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from tqdm import tqdm
@@ -74,14 +74,18 @@ def run_bench(
     identical = hf_identical = 0
     sampling = dict(temperature=temperature, seed=0)
 
-    _warm_up(engine, prompts[0], k, temperature, hf, formats[0])
+    with prefixes_frozen(engine):
+        _warm_up(engine, prompts[0], k, temperature, hf, formats[0])
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", disable=not progress, file=sys.stderr)
     for ids, response_format in zip(prompts, formats, strict=True):
         options = dict(sampling, response_format=response_format)
-        ttft["target"].append(_first_token_s(engine, ids, max_new_tokens, speculative=False, **options))
-        ttft["spec"].append(_first_token_s(engine, ids, max_new_tokens, k=k, **options))
-        base = _timed(engine.generate, ids, max_new_tokens, speculative=False, **options)
-        ours = _timed(engine.generate, ids, max_new_tokens, k=k, **options)
+        with prefixes_frozen(engine):  # every timed run of this prompt finds the prompts before it, not itself
+            ttft["target"].append(_first_token_s(engine, ids, max_new_tokens, speculative=False, **options))
+            ttft["spec"].append(_first_token_s(engine, ids, max_new_tokens, k=k, **options))
+            base = _timed(engine.generate, ids, max_new_tokens, speculative=False, **options)
+            ours = _timed(engine.generate, ids, max_new_tokens, k=k, **options)
+        if engine.prefix_cache is not None:  # then the prompt is kept, as a server keeps what it served
+            engine.generate(ids, 1, speculative=False, **options)
         runs = [base, ours]
         if hf:
             runs.append(hf_run := _timed(_hf_generate, engine, ids, max_new_tokens, k, temperature, True))
@@ -192,6 +196,16 @@ def _no_hf_peer(engine: Engine, constrained: int) -> str | None:
     if not isinstance(engine.drafter, ModelDrafter | NgramDrafter):
         return f"transformers' generate has no {engine.draft_id} draft (it assists with a draft model or prompt lookup)"
     return None
+
+
+@contextmanager
+def prefixes_frozen(engine: Engine):
+    """Inside the block no prompt enters the engine's prefix cache (prefix_cache.py); lookups still find
+    what is in it. Two timed runs of one prompt then start from the same cache: without it the second
+    would find the whole prompt the first left, and its prefill would be free."""
+    cache = engine.prefix_cache
+    with cache.frozen() if cache is not None else nullcontext():
+        yield
 
 
 def _first_token_s(engine: Engine, ids: list[int], max_new_tokens: int, **kwargs) -> float:

@@ -34,7 +34,7 @@ from adaptive_spec import kv
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem
 from adaptive_spec.stats import Totals
-from benchmarks.bench import _timed
+from benchmarks.bench import _timed, prefixes_frozen
 
 PATHS = {"fp32-eager": ("fp32", False), "fp32-compiled": ("fp32", True), "bf16-eager": ("bf16", False),
          "bf16-compiled": ("bf16", True)}  # fmt: skip  # the four paths on one line, as the flag lists them
@@ -74,14 +74,16 @@ def run_paths(
     totals = {p: Totals() for p in paths}
     identical = dict.fromkeys(paths, 0)
     for engine, _ in engines.values():  # warm-up: the first steps of each path allocate and fill caches
-        engine.generate(prompts[0], 4, speculative=False)
-        engine.generate(prompts[0], 4, k=k)
+        with prefixes_frozen(engine):
+            engine.generate(prompts[0], 4, speculative=False)
+            engine.generate(prompts[0], 4, k=k)
     bar = tqdm(total=len(prompts), desc="compare paths", unit="prompt", disable=not progress, file=sys.stderr)
     for ids in prompts:
         for path in paths:
             engine = engines[path][0]
-            base, base_s = _timed(engine.generate, ids, max_new_tokens, speculative=False)
-            ours, ours_s = _timed(engine.generate, ids, max_new_tokens, k=k)
+            with prefixes_frozen(engine):  # the paths' forwards compared, every prompt computed whole
+                base, base_s = _timed(engine.generate, ids, max_new_tokens, speculative=False)
+                ours, ours_s = _timed(engine.generate, ids, max_new_tokens, k=k)
             tokens[path]["target"] += len(base.token_ids)
             tokens[path]["spec"] += len(ours.token_ids)
             seconds[path]["target"] += base_s

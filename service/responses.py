@@ -4,6 +4,7 @@ The figures for speculation ride in `usage.spec_decode` (DESIGN.md, HTTP contrac
 a request's n choices:
 
     "usage": {"prompt_tokens": 12, "completion_tokens": 40, "total_tokens": 52,
+              "prompt_tokens_details": {"cached_tokens": 0},
               "spec_decode": {"num_draft_tokens": 40, "num_accepted_tokens": 30, "num_drafts": 10,
                               "acceptance_rate": 0.75, "mean_acceptance_length": 4.0,
                               "adapter_version": "3"}}
@@ -57,6 +58,8 @@ def usage(prompt_tokens: int, outputs: list[GenerationOutput]) -> dict:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        # prompt tokens whose keys and values the prefix cache held (adaptive_spec/prefix_cache.py), as OpenAI
+        "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens if stats else 0},
         "spec_decode": {
             "num_draft_tokens": total.drafted,
             "num_accepted_tokens": total.accepted,

@@ -10,6 +10,7 @@
 | target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the engine's defaults |
 | k | ADAPTIVE_SPEC_K | unset or `dynamic`: dynamic k |
 | compile, tree_budget | ADAPTIVE_SPEC_COMPILE, ADAPTIVE_SPEC_TREE_BUDGET | compiled (the core's default), chains (trees of up to N nodes per row when set) |
+| (the core's) | ADAPTIVE_SPEC_PREFIX_CACHE_MB | 512 MB of prompts' cached prefixes, where the exactness check allows it (adaptive_spec/prefix_cache.py; 0: none) |
 | served_model_name | ADAPTIVE_SPEC_SERVED_MODEL_NAME | the target's name |
 | redis_url | REDIS_URL | none: no correction log |
 | api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
