@@ -32,6 +32,7 @@ measurements use all threads, with the trainer stopped, so before and after are 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import sys
@@ -77,7 +78,10 @@ class DriftBenchSettings:
     eval_prompts: int = 24
     max_new_tokens: int = 64
     k: int | None = None
-    train_tail_s: float = 120.0  # training may go on this long after the traffic ends
+    # After the traffic ends the trainer may go on this long (None: until the budget's measurements are due),
+    # and stops sooner once it has nothing left to try: no round due, its idle rounds exhausted
+    # (trainer/loop/online.py OnlineSettings.idle_after_s). It used to be 120 s, with no idle rounds.
+    train_tail_s: float | None = None
     seed: int = 0
     holdout_fraction: float = 0.2  # of traffic records, kept for the trainer's gate
     gate_min_positions: int = 128
@@ -178,8 +182,9 @@ def run_drift(
                 promoted=trainer.adapters_promoted,
                 consumed=trainer.records_consumed,
             )
-        tail_end = min(time.monotonic() + settings.train_tail_s, traffic_deadline)
-        while time.monotonic() < tail_end and worker.is_alive():
+        tail = math.inf if settings.train_tail_s is None else settings.train_tail_s
+        tail_end = min(time.monotonic() + tail, traffic_deadline)
+        while time.monotonic() < tail_end and worker.is_alive() and not trainer.nothing_to_train:
             time.sleep(1.0)
     finally:
         engine.record_topk = 0

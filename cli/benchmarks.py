@@ -62,8 +62,9 @@ def add_commands(commands) -> None:
     drift.add_argument(
         "--train-tail-s",
         type=float,
-        default=120.0,
-        help="seconds of training allowed after the traffic ends (default: %(default)s)",
+        default=None,
+        help="seconds of training allowed after the traffic ends (default: until the budget's measurements are "
+        "due, or sooner once the trainer has nothing left to try: no round due and its idle rounds exhausted)",
     )
     drift.add_argument(
         "--after-k",

@@ -372,6 +372,42 @@ def test_on_slow_traffic_a_round_keeps_training_until_records_arrive(target, rec
         OnlineSettings(tmp_path / "x", round_steps=20, max_round_steps=10)
 
 
+def test_when_the_traffic_goes_quiet_a_promoted_lineage_trains_on_until_two_idle_rounds_get_nowhere(
+    target, records, redis_client, tmp_path
+):
+    """Idle rounds: no record for idle_after_s, a promoted version, a ready gate: run() trains a round on
+    the buffer again, gated as any. They go on while they promote and stop after two in a row that do not;
+    a new record would start them over. A lineage that never promoted gets none."""
+    stream = "test:online:idle"
+    append(redis_client, stream, records[:64])
+    promotes, never = Gate(min_positions=1, margin=-1.0), Gate(min_positions=1, margin=1.0)
+    trainer = make_trainer(
+        target, redis_client, stream, "idle", tmp_path, round_steps=2, read_count=64, gate=never, idle_after_s=0.2
+    )
+    assert trainer.poll(block_ms=0) == 64
+    assert trainer.idle_lineage(quiet=True) is None  # nothing promoted yet: nothing to refine
+    trainer.rounds_part.gate = promotes
+    assert trainer.train_round().promoted and not trainer.nothing_to_train  # v1; idle rounds may follow
+
+    stop = threading.Event()
+    worker = threading.Thread(target=trainer.run, args=(stop,), kwargs=dict(checkpoint_every_s=60, poll_block_ms=50))
+    worker.start()
+    try:
+        wait_for(lambda: trainer.adapters_promoted >= 3, timeout=60, what="two idle rounds that promote")
+        assert "idle round" in trainer.last_result.reason
+        trainer.rounds_part.gate = never  # from here on nothing beats the champion
+        wait_for(lambda: trainer.nothing_to_train, timeout=60, what="the idle rounds to give up")
+        rounds = trainer.rounds
+        time.sleep(1.0)
+        assert trainer.rounds == rounds and trainer.general.idle_rejections == 2  # it stopped there
+    finally:
+        stop.set()
+        worker.join()
+    append(redis_client, stream, records[64:66])  # traffic again: idle rounds may try again once it is quiet
+    assert trainer.poll(block_ms=0) == 2 and trainer.general.idle_rejections == 0
+    assert trainer.idle_lineage() is None and trainer.idle_lineage(quiet=True) is trainer.general
+
+
 def test_records_held_out_during_a_long_round_are_scored_for_the_champion_too(target, records, redis_client, tmp_path):
     """A round that keeps training polls, so held-out records may arrive before its candidate is
     promoted. The champion's cached figures are those of the round's snapshot: the next round scores

@@ -50,6 +50,9 @@ class Lineage:
     # A candidate that scored ahead of the champion but not yet with the gate's confidence: its
     # weights (`lora_state()`), which the lineage's next round trains on from (trainer/loop/online.py).
     carried: dict | None = None
+    # Idle rounds (trainer/loop/online.py) in a row, since its last new record, that did not promote; at
+    # OnlineSettings.idle_rejections the lineage waits for new records again.
+    idle_rejections: int = 0
 
     @property
     def label(self) -> str:

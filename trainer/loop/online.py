@@ -93,6 +93,11 @@ class OnlineSettings:
         TrainerSettings.max_domains
     )  # domains with an adapter of their own (trainer/loop/domains.py); 0: one general adapter
     ngram_tokens: int = 32_768  # latest output tokens a version's n-gram index is built from (0: ship none)
+    # Idle rounds: once no record has come for `idle_after_s`, a lineage that has promoted a version trains
+    # on its buffer again (a round as long as max_round_steps, gated as any), until `idle_rejections` idle
+    # rounds in a row did not promote; a new record starts it over. None: never.
+    idle_after_s: float | None = 30.0
+    idle_rejections: int = 2
 
     def __post_init__(self) -> None:
         if self.min_new_records < 1 or self.round_steps < 1:
@@ -128,6 +133,7 @@ class OnlineTrainer:
         self.checkpoint_seq = 0
         self._polled = False  # records came since the last checkpoint
         self._polled_at = time.monotonic()  # the loop's last poll
+        self._record_at = time.monotonic()  # the last poll that brought records (idle rounds wait on it)
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
         screen = RecordScreen(settings.target_id, settings.draft_id, vocab_size(draft_model))
@@ -201,11 +207,14 @@ class OnlineTrainer:
                 continue
             redis_down = False
             lineage = self.next_lineage()
+            idle = self.idle_lineage() if lineage is None else None
             if lineage is not None:
                 try:
                     self.train_round(lineage, keep_training=self._while_waiting(lineage, stop, deadline))
                 except Exception as error:  # logged, its records set aside; the loop goes on
                     self.rounds_part.failed(lineage, error)
+            elif idle is not None:
+                self._idle_round(idle, self._while_waiting(idle, stop, deadline))
             elif self.rounds == 0:  # before the first round, say what it waits for (later, the last round's result)
                 first = max(self.lineages.every(), key=lambda lineage: lineage.new_records)  # the nearest to a round
                 waiting = self.rounds_part.waiting(first) or "waiting for records"
@@ -228,7 +237,45 @@ class OnlineTrainer:
         received = self.intake.poll(block_ms)
         self._polled_at = time.monotonic()
         self._polled |= bool(received)
+        if received:
+            self._record_at = self._polled_at
+            for lineage in self.lineages.every():  # new traffic: idle rounds may try again later
+                lineage.idle_rejections = 0
         return received
+
+    def _idle_round(self, lineage: Lineage, keep_training: Callable[[], bool]) -> None:
+        """A round on the buffer again while no record comes (OnlineSettings.idle_after_s): a head gains
+        first-token match for hundreds of steps on the same records (benchmarks/head_ablation.py), and a
+        quiet trainer would otherwise stop at its last round. The gate judges it as any round."""
+        try:
+            result = self.rounds_part.train(lineage, keep_training, idle=True)
+        except Exception as error:  # logged, its records set aside; the loop goes on
+            self.rounds_part.failed(lineage, error)
+            lineage.idle_rejections = self.settings.idle_rejections  # not again until new records
+            return
+        if result.trained:  # a candidate carried on counts as none: the held-out set will not grow meanwhile
+            lineage.idle_rejections = 0 if result.promoted else lineage.idle_rejections + 1
+
+    def idle_lineage(self, quiet: bool = False) -> Lineage | None:
+        """The lineage an idle round would train now (the one with the largest buffer), or None: no record
+        for `idle_after_s` (or `quiet`: take the traffic as quiet already), a promoted version to refine,
+        fewer than `idle_rejections` idle rounds in a row that got nowhere, and a gate ready to judge."""
+        after = self.settings.idle_after_s
+        if after is None or (not quiet and time.monotonic() - self._record_at < after):
+            return None
+        ready = [
+            lineage
+            for lineage in self.lineages.every()
+            if not lineage.champion.is_base_draft
+            and lineage.idle_rejections < self.settings.idle_rejections
+            and self.rounds_part.waiting(lineage, idle=True) is None
+        ]
+        return max(ready, key=lambda lineage: len(lineage.buffer)) if ready else None
+
+    @property
+    def nothing_to_train(self) -> bool:
+        """No lineage is due a round, and none would take an idle one once the traffic is quiet."""
+        return self.next_lineage() is None and self.idle_lineage(quiet=True) is None
 
     def drain(self) -> int:
         """After a poll, keep reading without waiting while reads come back full (a backlog), for up to

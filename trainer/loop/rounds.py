@@ -112,13 +112,16 @@ class Rounds:
 
     # ---------------------------------------------------------------- one round
 
-    def train(self, lineage: Lineage, keep_training: Callable[[], bool] | None = None) -> RoundResult:
-        """A round of `lineage`: train, gate, promote or roll back (the module docstring says how)."""
+    def train(
+        self, lineage: Lineage, keep_training: Callable[[], bool] | None = None, idle: bool = False
+    ) -> RoundResult:
+        """A round of `lineage`: train, gate, promote or roll back (the module docstring says how). An
+        `idle` round runs without new records: the traffic went quiet, and it trains on the buffer again."""
         # one snapshot for both sides of the gate, and its revision: a long round polls, so the held-out
         # set may grow before the candidate is promoted with the figures it scored on this snapshot
         heldout, revision = lineage.holdout.records, lineage.holdout.revision
         self.reading = heldout
-        waiting = self.waiting(lineage, heldout)
+        waiting = self.waiting(lineage, heldout, idle)
         if waiting:
             return self.report(RoundResult(False, False, waiting, domain=lineage.domain))
         if self.lineages.sync(lineage):  # the gate must compare against what is served, and start from it
@@ -137,6 +140,8 @@ class Rounds:
         # the round ended at a look that promotes: the weights are those it scored, on this snapshot
         candidate = look.candidate if look is not None and look.promotes else agreement(self.trainer, heldout)
         accepted, reason = self.gate.decide(candidate, champion)
+        if idle:
+            reason = f"idle round (no new records; the buffer again): {reason}"
         if look is not None and look.looks:
             reason += f" (after {look.looks} look{'s' if look.looks > 1 else ''} at held-out records that arrived during the round)"
         lineage.carried = None
@@ -173,10 +178,12 @@ class Rounds:
         )
         return self.report(result)
 
-    def waiting(self, lineage: Lineage, heldout: list[CorrectionRecord] | None = None) -> str | None:
-        """Why it is not time for the lineage's round yet, or None."""
+    def waiting(
+        self, lineage: Lineage, heldout: list[CorrectionRecord] | None = None, idle: bool = False
+    ) -> str | None:
+        """Why it is not time for the lineage's round yet, or None; an `idle` round needs no new records."""
         heldout = lineage.holdout.records if heldout is None else heldout
-        waiting = self._waiting_for(lineage, heldout)
+        waiting = self._waiting_for(lineage, heldout, idle)
         return waiting if waiting is None or lineage.domain is None else f"{lineage.domain}: {waiting}"
 
     def report(self, result: RoundResult) -> RoundResult:
@@ -209,9 +216,9 @@ class Rounds:
         self.status.round_failed(reason, self.rounds_failed)
         self.report(RoundResult(False, False, reason, self.rounds, domain=lineage.domain))
 
-    def _waiting_for(self, lineage: Lineage, heldout: list[CorrectionRecord]) -> str | None:
+    def _waiting_for(self, lineage: Lineage, heldout: list[CorrectionRecord], idle: bool = False) -> str | None:
         new_records, needed = lineage.new_records, self.settings.min_new_records
-        if new_records < needed or not len(lineage.buffer):
+        if (new_records < needed and not idle) or not len(lineage.buffer):
             return f"{new_records} new training records, need {needed}"
         positions = sum(len(record.output_ids) for record in heldout)
         waiting = getattr(self.gate, "waiting_for", None)
