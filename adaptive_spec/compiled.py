@@ -189,6 +189,19 @@ def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> Compi
     return step
 
 
+def use_kernel(model: nn.Module) -> None:
+    """Run a draft's attention through the invariant C++ kernel as well, when it built. The draft's
+    forwards stay eager (small, and shaped by the tree or chain); its attention was exact.attention's
+    fp32 products over every query and key, the largest part of a head's prefill over a prompt. The
+    draft's numbers change in the last bits, which only its proposals see (the target verifies)."""
+    if _KERNEL[0] is None:
+        return
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) == exact.NAME:
+            config._attn_implementation = NAME
+
+
 def uninstall(model: exact.CausalLM) -> None:
     """Back to the eager invariant kernels."""
     kv.COMPILED.pop(model, None)

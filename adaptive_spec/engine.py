@@ -104,6 +104,8 @@ class Engine:
                 attention.use(model)  # a padded batch's masked attention without copying K/V per query head
         if compile:
             compiled.install(self.target, compile_dir)
+            for model in drafts:
+                compiled.use_kernel(model)
         self._exactness: exact.InvarianceReport | None = None
         if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)

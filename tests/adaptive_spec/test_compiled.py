@@ -46,6 +46,9 @@ def test_the_compiled_step_is_exact_and_one_graph_serves_every_shape(compiled_en
 
 def test_compiled_greedy_speculative_and_batched_rows_equal_the_compiled_target_alone(compiled_engine) -> None:
     engine = compiled_engine
+    if compiled._KERNEL[0] is not None:  # the head attends through the C++ kernel too (compiled.use_kernel)
+        layer = engine.drafter.models()[0].layer
+        assert layer.self_attn.config._attn_implementation == compiled.NAME
     baseline = [
         engine.generate(p, max_new_tokens=b, speculative=False).token_ids for p, b in zip(PROMPTS, BUDGETS, strict=True)
     ]
