@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BF16 = torch.bfloat16
 SYSTEM = [(11 * i + 5) % 97 + 2 for i in range(40)]  # a shared "system prompt and tools": 2 blocks and a half
 QUESTIONS = [[61, 7, 3], [9, 44, 18, 90, 12], [33], [70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82]]
-PROMPTS = [SYSTEM + q for q in QUESTIONS] + [SYSTEM[:20] + [4, 4, 4]]  # the last shares one block only
+PROMPTS = [SYSTEM + q for q in QUESTIONS] + [[*SYSTEM[:20], 4, 4, 4]]  # the last shares one block only
 
 
 def bf16_target(seed: int = 0):
@@ -57,7 +57,7 @@ def test_a_lookup_finds_the_longest_cached_prefix_in_whole_blocks_and_leaves_a_t
     assert len(cache) == 2
     assert cache.lookup(PROMPTS[1]).length == 2 * BLOCK  # 40 shared tokens: 2 whole blocks
     assert cache.lookup(PROMPTS[4]).length == BLOCK  # 20 shared: 1 block
-    assert cache.lookup([1, 2, 3] + SYSTEM) is None  # the same tokens elsewhere are not a prefix
+    assert cache.lookup([1, 2, 3, *SYSTEM]) is None  # the same tokens elsewhere are not a prefix
     assert cache.lookup(first[: 2 * BLOCK]).length == BLOCK  # a prompt of exactly 2 blocks keeps its last to compute
     hit = cache.lookup(first[: 2 * BLOCK + 1])
     assert hit.length == 2 * BLOCK and hit.states is None
@@ -77,7 +77,7 @@ def test_eviction_keeps_to_the_budget_and_drops_leaves_before_their_root() -> No
     cache.insert(other, _prefilled(model, other), 0, None)  # root C, leaf D: B, the oldest leaf, goes
     assert cache.nbytes <= cache.max_bytes and len(cache) == 3
     assert cache.lookup(PROMPTS[1]).length == BLOCK  # A stayed, B went
-    assert cache.lookup(other + [1]).length == 2 * BLOCK
+    assert cache.lookup([*other, 1]).length == 2 * BLOCK
 
 
 def test_a_frozen_cache_takes_nothing_in_and_a_cache_of_states_wants_them() -> None:
