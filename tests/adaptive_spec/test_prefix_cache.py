@@ -115,6 +115,21 @@ def test_a_row_prefilled_after_a_cached_prefix_holds_the_bits_of_a_whole_prefill
             assert torch.equal(a[0, :, :n], b[0, :, :n])
 
 
+def test_a_batch_row_joining_from_a_cached_prefix_holds_the_bits_of_a_whole_prefill() -> None:
+    engine = Engine(bf16_target(), "head")
+    engine.generate(PROMPTS[0], max_new_tokens=2)  # the system prompt's blocks are cached
+    batch = engine.new_batch(2)
+    row = batch.add(engine.request(PROMPTS[3], max_new_tokens=4))
+    assert row.stats.cached_tokens == 2 * BLOCK
+    prompt = PROMPTS[3][:-1]  # the last token is fed by the first step
+    whole = _prefilled(engine.target, prompt)
+    n = len(prompt)
+    assert batch.target_cache.lengths[row.slot] == n
+    for mine, theirs in ((batch.target_cache.keys, whole.keys), (batch.target_cache.values, whole.values)):
+        for a, b in zip(mine, theirs, strict=True):
+            assert torch.equal(a[row.slot, :, :n], b[0, :, :n])
+
+
 # =================================================================================================
 # The engine
 # =================================================================================================
