@@ -104,16 +104,11 @@ class BatchCache:
     def copy_from(self, source: BatchCache, source_row: int, row: int) -> None:
         """Row `row` now holds row `source_row` of another cache of the same model (a staged prefill)."""
         n = source.lengths[source_row]
+        if n and None not in source.keys:  # a forward writes every layer
+            keys = [_present(layer)[source_row, :, :n] for layer in source.keys]
+            self.write_row(row, keys, [_present(layer)[source_row, :, :n] for layer in source.values])
+            return
         self._reserve(len(self.lengths), max(n, 1))
-        for mine, theirs in ((self.keys, source.keys), (self.values, source.values)):
-            for layer, (buffer, other) in enumerate(zip(mine, theirs, strict=True)):
-                if other is None or not n:
-                    continue
-                if buffer is None:
-                    self._allocate(layer, other)
-                    self._reserve(len(self.lengths), n)
-                    buffer = _present(mine[layer])
-                buffer[row, :, :n] = other[source_row, :, :n]
         self.lengths[row] = n
 
     @torch.inference_mode()

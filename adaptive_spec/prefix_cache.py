@@ -143,11 +143,6 @@ class PrefixCache:
                 _, block = self._blocks.popitem(last=False)
                 self.nbytes -= block.nbytes
 
-    def clear(self) -> None:
-        with self._lock:
-            self._blocks.clear()
-            self.nbytes = 0
-
     @contextmanager
     def frozen(self):
         """Lookups only, no insertion, inside the block: a benchmark times two runs of one prompt from
