@@ -152,7 +152,10 @@ class BatchCache:
         all rows). The padding columns in front get the slots just past the row's real tokens, so
         their keys land where no real query looks, and the row's real tokens are written at slots
         `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2 tokens in
-        width 4 gets slots (and positions) [7, 8, 5, 6].
+        width 4 gets slots (and positions) [7, 8, 5, 6]. A padding column sees only its own slot: its
+        output is thrown away, and a query over the whole context would cost as much as a real one
+        (a compiled step pads every plain step to 2 tokens a row, a batched verify pads every row to
+        the widest). No real query's result changes: each query's attention is its own.
 
         `trees` (draft trees, `TreeFeed` per row): each fed token is still written at its own slot,
         but its position and what it sees are the tree's: the row's context, its own ancestors and
@@ -179,7 +182,8 @@ class BatchCache:
         self._kv_len = kv_len
         keys = torch.arange(kv_len, device=device)  # [kv_len]
         positions = slots
-        mask = keys[None, None, :] <= slots[:, :, None]  # [n, width, kv_len]
+        padding = (columns < pads)[:, :, None]  # [n, width, 1]
+        mask = torch.where(padding, keys == slots[:, :, None], keys <= slots[:, :, None])  # [n, width, kv_len]
         if trees is not None:
             positions, mask = _tree_inputs(trees, fed, width, slots, mask)
         mask = mask[:, None]  # [n, 1, width, kv_len]
@@ -307,7 +311,7 @@ class TreeFeed:
 
 def _tree_inputs(trees: list[TreeFeed], fed: list[int], width: int, slots: torch.Tensor, causal: torch.Tensor):
     """Position ids and the [n, width, kv_len] mask of tree feeds; padding columns keep their
-    slots and their causal view, out of every real token's sight."""
+    slots and their view of their own slot alone, out of every real token's sight."""
     positions, mask = slots.clone(), causal.clone()
     seen_rows, seen_columns, seen_slots = [], [], []
     for i, (tree, count) in enumerate(zip(trees, fed, strict=True)):

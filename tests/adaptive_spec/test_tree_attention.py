@@ -63,6 +63,20 @@ def test_the_tree_mask_and_positions_follow_the_worked_example() -> None:
     assert visible[2] == [0, 1, 2, 3, 4, 5, 7]  # b: not its sibling a
 
 
+def test_a_padding_column_sees_only_its_own_slot_and_real_tokens_their_context() -> None:
+    """kv.BatchCache.inputs' example: 5 cached tokens fed 2 in a width of 4 get slots [7, 8, 5, 6]. The
+    two padding columns see their own slot alone (a query over the context would cost as much as a real
+    one and is thrown away); the real tokens see the context and themselves, the other row its own."""
+    cache = kv.BatchCache(1)
+    cache.add_row(), cache.add_row()
+    cache.set_length(0, 5), cache.set_length(1, 3)
+    positions, mask = cache.inputs([0, 1], [2, 4], 4)
+    assert positions.tolist() == [[7, 8, 5, 6], [3, 4, 5, 6]]
+    visible = [[row.nonzero().flatten().tolist() for row in mask[r, 0]] for r in range(2)]
+    assert visible[0] == [[7], [8], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6]]
+    assert visible[1] == [list(range(4)), list(range(5)), list(range(6)), list(range(7))]
+
+
 @pytest.mark.parametrize("path", ["eager", "compiled"])
 def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_path) -> None:
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
