@@ -104,25 +104,27 @@ class BatchCache:
     def copy_from(self, source: BatchCache, source_row: int, row: int) -> None:
         """Row `row` now holds row `source_row` of another cache of the same model (a staged prefill)."""
         n = source.lengths[source_row]
-        if n and None not in source.keys:  # a forward writes every layer
-            keys = [_present(layer)[source_row, :, :n] for layer in source.keys]
-            self.write_row(row, keys, [_present(layer)[source_row, :, :n] for layer in source.values])
+        if n and any(layer is not None for layer in source.keys):
+            keys = [None if layer is None else layer[source_row, :, :n] for layer in source.keys]
+            values = [None if layer is None else layer[source_row, :, :n] for layer in source.values]
+            self.write_row(row, keys, values)
             return
         self._reserve(len(self.lengths), max(n, 1))
         self.lengths[row] = n
 
     @torch.inference_mode()
-    def write_row(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    def write_row(self, row: int, keys: list[torch.Tensor | None], values: list[torch.Tensor | None]) -> None:
         """Row `row` now holds the given positions, per layer `[kv_heads, n, head_dim]` (a cached prefix,
-        prefix_cache.py)."""
-        n = keys[0].shape[1]
+        prefix_cache.py), or None for a layer the model never writes (it has no cache of its own)."""
+        n = next(key.shape[1] for key in keys if key is not None)
         for layer, key in enumerate(keys):
-            if self.keys[layer] is None:
+            if self.keys[layer] is None and key is not None:
                 self._allocate(layer, key[None])
         self._reserve(len(self.lengths), max(n, 1))
         for buffers, given in ((self.keys, keys), (self.values, values)):
             for buffer, tensor in zip(buffers, given, strict=True):
-                _present(buffer)[row, :, :n] = tensor
+                if tensor is not None:
+                    _present(buffer)[row, :, :n] = tensor
         self.lengths[row] = n
 
     def set_length(self, row: int, length: int) -> None:
@@ -340,7 +342,9 @@ PREFILL_CHUNK = 512  # tokens per forward when one row feeds many (bounds the ma
 def prefill_chunks(tokens: int) -> list[slice]:
     """How a prompt of `tokens` tokens is fed: whole chunks of PREFILL_CHUNK, the remainder last.
     Example: 1,300 tokens -> [0:512], [512:1024], [1024:1300]. Every prefill of a prompt follows
-    these boundaries (feed, prefill.py), so its keys and values are the same however it is fed."""
+    these boundaries (feed, prefill.py), so its keys and values are the same however it is fed. A
+    prefix found in the prefix cache moves them (the rest is cut from its end); the cache is on only
+    where exact.check measured that this changes no bit (InvarianceReport.prefix_reuse)."""
     starts = range(0, max(tokens - PREFILL_CHUNK, 0), PREFILL_CHUNK)
     last = tokens - (tokens % PREFILL_CHUNK or PREFILL_CHUNK) if tokens > PREFILL_CHUNK else 0
     return [slice(start, start + PREFILL_CHUNK) for start in starts] + [slice(last, tokens)]

@@ -13,7 +13,9 @@ the batch's cache). The others wait one chunk per step instead of the whole prom
 
 Exactness: the chunks follow `kv.prefill_chunks`, the same boundaries as a prompt fed at once, and
 each is the same single-row forward, so the row's keys and values are bitwise what an unstaged
-prefill gives, and its output stays the target's own.
+prefill gives, and its output stays the target's own. After a prefix-cache hit the chunks are cut
+from the rest of the prompt, as an unstaged prefill after the same hit cuts them; that a split
+prefill changes no bit is what exact.check measured before the cache was turned on.
 
 Only a prompt longer than one chunk, arriving while other rows decode, is staged; rows are staged
 one after another (first come, first fed).

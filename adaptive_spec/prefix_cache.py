@@ -156,11 +156,13 @@ class PrefixCache:
                 self._frozen -= 1
 
     def stats(self) -> dict:
-        return {
-            "blocks": len(self._blocks),
-            "bytes": self.nbytes,
-            "max_bytes": self.max_bytes,
-            "lookups": self.lookups,
-            "hits": self.hits,
-            "tokens_reused": self.tokens_reused,
-        }
+        """The counters at one moment (/health reads them from another thread than the engine's)."""
+        with self._lock:
+            return {
+                "blocks": len(self._blocks),
+                "bytes": self.nbytes,
+                "max_bytes": self.max_bytes,
+                "lookups": self.lookups,
+                "hits": self.hits,
+                "tokens_reused": self.tokens_reused,
+            }

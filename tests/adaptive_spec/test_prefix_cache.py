@@ -130,12 +130,29 @@ def test_a_batch_row_joining_from_a_cached_prefix_holds_the_bits_of_a_whole_pref
             assert torch.equal(a[row.slot, :, :n], b[0, :, :n])
 
 
+def test_a_row_copied_from_another_cache_keeps_the_layers_that_have_one() -> None:
+    """A staged prefill joins the batch by copy_from. A layer the model never writes (no cache of its own)
+    stays empty; the others arrive bitwise."""
+    generator = torch.Generator().manual_seed(0)
+    keys = [torch.randn(2, 20, 4, generator=generator), None, torch.randn(2, 20, 4, generator=generator)]
+    values = [torch.randn(2, 20, 4, generator=generator), None, torch.randn(2, 20, 4, generator=generator)]
+    source = kv.BatchCache(3)
+    source.write_row(source.add_row(), keys, values)
+    batch = kv.BatchCache(3)
+    batch.add_row(), batch.add_row()
+    batch.copy_from(source, 0, 1)
+    assert batch.lengths == [0, 20] and batch.keys[1] is None and batch.values[1] is None
+    for layer in (0, 2):
+        assert torch.equal(batch.keys[layer][1, :, :20], keys[layer])
+        assert torch.equal(batch.values[layer][1, :, :20], values[layer])
+
+
 # =================================================================================================
 # The engine
 # =================================================================================================
 
 
-def test_the_engine_caches_prefixes_only_where_a_split_prefill_was_measured_exact(monkeypatch) -> None:
+def test_the_engine_caches_prefixes_only_where_a_split_prefill_was_measured_exact() -> None:
     engine = Engine(bf16_target(), "head")
     assert engine.exactness.exact and engine.exactness.prefix_reuse
     assert engine.prefix_cache is not None and engine.prefix_cache.keep_states  # a head reads the states
@@ -143,15 +160,21 @@ def test_the_engine_caches_prefixes_only_where_a_split_prefill_was_measured_exac
     assert Engine(bf16_target(), None, prefix_cache_mb=0).prefix_cache is None
     assert Engine(llama(0), None).prefix_cache is None  # eager fp32: per-shape kernels, every prompt whole
 
-    # a product whose rounding follows the row count past 140 rows (more than any step or verify the check feeds): a 150-token context fed whole and in
-    # two halves then differ, and the check must see it (the steps and verifies it compares stay equal)
-    model = bf16_target()
+
+@pytest.mark.parametrize("rows, positions", [(140, 256), (450, 1024)])
+def test_a_product_that_rounds_otherwise_past_some_row_count_turns_the_cache_off(monkeypatch, rows, positions) -> None:
+    """A product whose rounding follows the row count past `rows` (more than any step or verify the check
+    feeds). Past 140 rows, a 150-token context fed whole and in two halves differ. Past 450, only a
+    prompt longer than a prefill chunk shows it (512 rows whole, 400 after a cached prefix of 160),
+    which a model of 1,024 positions lets the check feed. Either way the check must see it (the steps
+    and verifies it compares stay equal)."""
+    model = llama(0, init=0.02, positions=positions).to(BF16)
     exact.install(model)
     real = exact.linear
 
     def long_inputs_round_otherwise(x, weight, bias=None, row_chunk=None):
         out = real(x, weight, bias, row_chunk)
-        return out * (1 + 2**-7) if x.reshape(-1, x.shape[-1]).shape[0] > 140 else out
+        return out * (1 + 2**-7) if x.reshape(-1, x.shape[-1]).shape[0] > rows else out
 
     monkeypatch.setattr(exact, "linear", long_inputs_round_otherwise)
     report = exact.check(model)
