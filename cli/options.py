@@ -43,6 +43,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def confidence(text: str) -> float:
     """A one-sided confidence in [0.5, 1), e.g. 0.99."""
     try:

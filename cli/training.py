@@ -23,6 +23,7 @@ from cli.options import (
     confidence,
     load_engine,
     model_options,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -94,6 +95,14 @@ def add_commands(commands) -> None:
         default=None,
         help="while fewer than --min-new-records new records are in, a round keeps training, up to this many "
         f"steps, instead of waiting idle (default: {DEFAULTS.max_round_steps}; equal to --round-steps: fixed rounds)",
+    )
+    train.add_argument(
+        "--idle-after-s",
+        type=non_negative_float,
+        default=None,
+        help="once no record has come for this long, a lineage that has promoted a version trains on its buffer "
+        "again (idle rounds, gated as any; they stop after two in a row that do not promote); 0: never "
+        f"(default: {DEFAULTS.idle_after_s})",
     )
     train.add_argument(
         "--gate-min-positions",
@@ -189,6 +198,7 @@ def cmd_train(args) -> int:
         min_new_records=args.min_new_records,
         round_steps=args.round_steps,
         max_round_steps=args.max_round_steps,
+        idle_after_s=args.idle_after_s,
         gate_min_positions=args.gate_min_positions,
         gate_confidence=args.gate_confidence,
         max_domains=args.max_domains,

@@ -55,6 +55,7 @@ class TrainerSettings(ModelOptions, EnvSettings):
     min_new_records: int = 16  # new training records before a round
     round_steps: int = 20  # optimiser steps per round
     max_round_steps: int = 100  # on slow traffic a round keeps training up to this many steps
+    idle_after_s: float = 30.0  # with no record for this long, a promoted lineage trains on its buffer; 0: never
     gate_min_positions: int = 128  # held-out positions before the first decision
     gate_confidence: float = 0.99  # that a candidate gains more than the margin, to promote it
     max_domains: int = 8  # domains with an adapter of their own; 0: one general adapter
@@ -69,6 +70,10 @@ class TrainerSettings(ModelOptions, EnvSettings):
     def __post_init__(self) -> None:
         if self.autocast not in AUTOCAST:
             raise ValueError(f"{self.env_name('autocast')} must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
+        if not self.idle_after_s >= 0:  # NaN too
+            raise ValueError(
+                f"{self.env_name('idle_after_s')} must be >= 0 seconds (0: no idle rounds), got {self.idle_after_s}"
+            )
         if self.signing_key is not None:
             object.__setattr__(self, "signing_key", self.signing_key.strip())
             check_secret(self.env_name("signing_key"), self.signing_key)
@@ -92,6 +97,7 @@ _FLAGS = {  # field -> its `adaptive-spec train` flag (cli/training.py)
     "min_new_records": "--min-new-records",
     "round_steps": "--round-steps",
     "max_round_steps": "--max-round-steps",
+    "idle_after_s": "--idle-after-s",
     "gate_min_positions": "--gate-min-positions",
     "gate_confidence": "--gate-confidence",
     "max_domains": "--max-domains",

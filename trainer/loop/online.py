@@ -96,7 +96,7 @@ class OnlineSettings:
     # Idle rounds: once no record has come for `idle_after_s`, a lineage that has promoted a version trains
     # on its buffer again (a round as long as max_round_steps, gated as any), until `idle_rejections` idle
     # rounds in a row did not promote; a new record starts it over. None: never.
-    idle_after_s: float | None = 30.0
+    idle_after_s: float | None = TrainerSettings.idle_after_s
     idle_rejections: int = 2
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ def online_settings(settings: TrainerSettings, *, checkpoints: bool = True, **ov
         min_new_records=settings.min_new_records,
         round_steps=settings.round_steps,
         max_round_steps=max(settings.max_round_steps, settings.round_steps),
+        idle_after_s=settings.idle_after_s or None,
         max_domains=settings.max_domains,
         lora=LoraSettings(autocast=settings.autocast),
     )
