@@ -147,6 +147,29 @@ def test_check_fails_and_names_the_shape_when_a_kernel_depends_on_the_row_count(
     assert not engine.exactness.exact  # make_exact tried row chunks too, and still saw it
 
 
+def test_a_second_engine_over_the_same_target_reuses_the_measurement_unless_a_kernel_changed(monkeypatch) -> None:
+    """The check takes seconds on a real model: a second engine over the same target (another draft)
+    reuses the first one's report. A product changed in between (here: row-count dependent) is
+    measured again, and seen."""
+    model = bf16_target()
+    first = Engine(model, None)
+    checks = []
+    real_check = exact.check
+    monkeypatch.setattr(exact, "check", lambda *args, **kwargs: checks.append(1) or real_check(*args, **kwargs))
+    second = Engine(model, "early-exit:1")
+    assert checks == [] and second.exactness == first.exactness and second.exactness is not first.exactness
+    assert second.prefix_cache is not None  # the report's prefix_reuse came along
+    real_linear = exact.linear
+
+    def row_count_dependent(x, weight, bias=None, row_chunk=None):
+        out = real_linear(x, weight, bias, row_chunk)
+        return out if x.reshape(-1, x.shape[-1]).shape[0] == 1 else out * (1 + 2**-7)
+
+    monkeypatch.setattr(exact, "linear", row_count_dependent)
+    third = Engine(model, None)
+    assert len(checks) == 2 and not third.exactness.exact  # measured again, with and without row chunks
+
+
 # =================================================================================================
 # Greedy equality in bf16, row by row
 # =================================================================================================
