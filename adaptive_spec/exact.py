@@ -309,9 +309,10 @@ def make_exact(model: CausalLM) -> InvarianceReport:
     the kernels): a second engine over the same target (another draft, `bench --compare-drafts`)
     installs the row chunk measured and skips the check, which takes seconds. Anything else changed
     in between measures again."""
+    parameter = next(model.parameters())
     measured_on = (
-        str(next(model.parameters()).dtype),
-        str(next(model.parameters()).device),
+        str(parameter.dtype),
+        str(parameter.device),
         id(kv.COMPILED.get(model)),
         linear,
         attention,
