@@ -154,13 +154,7 @@ def load(build_dir: Path | str | None = None):
     if key not in _loaded:
         _loaded[key] = None
         try:
-            module = attention_cpu.build(
-                "adaptive_spec_linear_bf16",
-                SOURCE,
-                ["available"],  # the product itself is called as the dispatcher's operator
-                build_dir,
-                (f"-DPREFETCH_ROWS={PREFETCH_ROWS}",),
-            )
+            module = build(build_dir)
             if module.available():
                 _loaded[key] = _operator()
             else:
@@ -168,6 +162,14 @@ def load(build_dir: Path | str | None = None):
         except Exception as exc:  # no compiler, no headers: PyTorch's product serves
             log.warning("the C++ linear kernel could not be built (%s); using F.linear", exc)
     return _loaded[key]
+
+
+def build(build_dir: Path | str | None = None):
+    """Build (or load from `build_dir`) the extension; its `available()` says whether the CPU runs it.
+    The product itself is called as the dispatcher's operator (`_operator`)."""
+    return attention_cpu.build(
+        "adaptive_spec_linear_bf16", SOURCE, ["available"], build_dir, (f"-DPREFETCH_ROWS={PREFETCH_ROWS}",)
+    )
 
 
 def _operator():

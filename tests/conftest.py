@@ -30,6 +30,13 @@ from launch.redis import RedisNotInstalled, RedisServer, started_server
 os.environ.setdefault(COMPILE_ENV, "0")
 
 
+@pytest.fixture(scope="session")
+def extensions_dir(tmp_path_factory) -> Path:
+    """One build directory for the C++ kernels (attention_cpu, linear_bf16), as a server's data directory
+    keeps them: each is built once per session wherever the first test loads it."""
+    return tmp_path_factory.mktemp("extensions")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module of tiny-model tests, restored after it.

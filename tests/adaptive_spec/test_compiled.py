@@ -85,3 +85,23 @@ def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_pat
             step = kv.feed(model, cache, [0], [prompt[-1:]], all_logits=True)[0, -1]  # a compiled step
             eager = model(torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(step.float(), eager.float(), atol=0.05, rtol=0.05)
+
+
+def test_compiled_code_is_cached_in_the_data_directory_unless_the_user_chose_one(tmp_path, monkeypatch) -> None:
+    """Inductor writes its default (/tmp/torchinductor_<user>) into TORCHINDUCTOR_CACHE_DIR as soon as the
+    engine is imported; that value counts as unset, so the data directory's compile/ keeps the code. A
+    directory the user chose stays."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.setattr(compiled, "_CACHE_SET", [None])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    compiled.use_cache_dir(tmp_path / "first")
+    assert cache_dir() == str(tmp_path / "first")  # where inductor reads and writes its FX graph cache
+    compiled.use_cache_dir(tmp_path / "second")  # another engine's data directory: ours to change
+    assert cache_dir() == str(tmp_path / "second")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
+    compiled.use_cache_dir(tmp_path / "third")
+    assert cache_dir() == str(tmp_path / "chosen")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    compiled.use_cache_dir(tmp_path / "fourth")
+    assert cache_dir() == str(tmp_path / "fourth")

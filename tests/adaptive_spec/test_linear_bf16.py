@@ -24,10 +24,10 @@ def _has_bf16_instructions() -> bool:
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
+def kernel(extensions_dir):
     if not _has_bf16_instructions():
         pytest.skip("this CPU has no AVX512-BF16: the kernel does not serve here")
-    built = linear_bf16.load(tmp_path_factory.mktemp("extensions"))
+    built = linear_bf16.load(extensions_dir)
     assert built is not None, "the kernel did not build on a CPU with AVX512-BF16: is g++ installed?"
     return built
 
