@@ -68,6 +68,8 @@ class Grammars:
         self.eos_ids = frozenset(eos)
         self.words = (vocab_size + 31) // 32
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+        space = self.tokenizer.tokenize_bytes(b" ")
+        self.space = space[0] if len(space) == 1 else None  # a lone space's token (Matcher.forced guesses it)
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -154,24 +156,54 @@ class Matcher:
         self.consumed += 1
         return True
 
-    def forced(self, limit: int) -> list[int]:
+    def forced(self, limit: int, guess_space: bool = True) -> list[int]:
         """At most `limit` tokens the grammar forces next: the bytes every allowed continuation starts
         with, in their usual tokenization (llguidance's fast-forward tokens); [] where the next token is
         a choice, or the document may end. Another tokenization of the same bytes stays allowed, so
         these are a guess, never tokens to emit unchecked (a good guess: the default model took them at
         all 321 such positions of 900 in its greedy tool calls, docs/benchmarks.md "What the grammar
         forces"). Example: in a forced tool call, once the function is named, `", "arguments": ` is
-        forced; with a schema's required keys in order, each key. The matcher is left as it was."""
+        forced; with a schema's required keys in order, each key. The matcher is left as it was.
+
+        `guess_space`: where the forced bytes end at a space the whitespace policy leaves optional, go on
+        as if the space were written (models write `": "`, `", "`, often `{ "` and `" }`): the bytes
+        forced after it, with it, tokenized as usual; not before a `:` or `,`, which a space seldom
+        precedes. The compact policy makes every space in JSON optional, so the forced bytes stopped at
+        each one: after `{"city":` the guess is ` "`, after `"Porto",` it is ` "unit"` when that key must
+        come next. Only a guess, like the rest, for the target to verify. Replayed along the default
+        model's greedy outputs on the 24 held-out `tool_calls` prompts (up to 8 tokens at each position),
+        the forced tokens that matched the output (summed over positions) went from 1015 to 1322, and those
+        that did not from 24 to 145."""
         if self.ended or limit <= 0 or self.ll.is_accepting():
             return []
-        tokens = self.ll.compute_ff_tokens()[:limit]
-        taken = 0
-        for token in tokens:  # each must be allowed in turn (expected; checked, as a refusal costs ~2 us)
+        fast = self.ll.compute_ff_tokens()[:limit]
+        tokens = self._taken(fast)
+        if guess_space and len(tokens) == len(fast) < limit and not self.ll.is_accepting():
+            tokens += self._taken(self._after_space()[: limit - len(tokens)])
+        self.rollback(len(tokens))
+        return tokens
+
+    def _taken(self, tokens: list[int]) -> list[int]:
+        """The leading `tokens` the matcher accepts in turn, accepted (forced() rolls them back). Each is
+        checked, though expected to pass: a refusal costs about 2 us."""
+        taken = []
+        for token in tokens:
             if token in self.grammars.eos_ids or not self.accept(token):
                 break
-            taken += 1
-        self.rollback(taken)
-        return tokens[:taken]
+            taken.append(token)
+        return taken
+
+    def _after_space(self) -> list[int]:
+        """A space and the bytes the grammar forces after it, in their usual tokenization; [] where no space
+        may come next, or nothing is forced after one (the matcher is left as it was)."""
+        space = self.grammars.space
+        if space is None or not self.accept(space):
+            return []
+        after = self.ll.compute_ff_bytes()
+        self.rollback(1)
+        if not after or after.startswith((b":", b",")):
+            return []
+        return self.grammars.tokenizer.tokenize_bytes(b" " + after)
 
     def rollback(self, n: int) -> None:
         """Undo the last n accepted tokens (an accepted EOS counts as one)."""

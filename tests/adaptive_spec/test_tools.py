@@ -273,9 +273,35 @@ def forced_positions(engine, grammar, tokens: list[int]) -> int:
     matcher = Grammars(engine.tokenizer, engine.vocab_size, engine.eos_ids).compile(grammar).new_matcher()
     count = 0
     for token in tokens:
-        count += bool(matcher.forced(1))
+        count += bool(matcher.forced(1, guess_space=False))
         assert matcher.accept(token)
     return count
+
+
+def test_where_the_compact_policy_leaves_a_space_optional_the_forced_bytes_go_on_through_it(engine):
+    """Matcher.forced guesses the space models write (`": "`, `", "`) and the bytes forced after it; a
+    guess to verify, tokenized as usual, and the matcher is left as it was."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    grammars = Grammars(engine.tokenizer, engine.vocab_size, engine.eos_ids)
+    matcher = grammars.compile({"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}).new_matcher()
+    text = lambda tokens: engine.tokenizer.decode(tokens)  # noqa: E731
+    for token in engine.tokenizer.encode('{"city":', add_special_tokens=False):
+        assert matcher.accept(token)
+    before = (matcher.consumed, matcher.mask())
+    assert matcher.forced(8, guess_space=False) == []  # a space may come or not: nothing is forced
+    assert text(matcher.forced(8)) == ' "'  # the space guessed, then the string's opening quote
+    assert (matcher.consumed, matcher.mask().tolist()) == (before[0], before[1].tolist())
+    for token in engine.tokenizer.encode(' "Porto",', add_special_tokens=False):
+        assert matcher.accept(token)
+    assert text(matcher.forced(8)) == ' "unit"'  # the key that must come next, after a space (one may follow it too)
+    assert text(matcher.forced(3)) == ' "u'  # within the limit
+    assert matcher.accept(engine.tokenizer.encode(" ", add_special_tokens=False)[0])
+    assert text(matcher.forced(8)) == '"unit"'  # the space written: the key alone, as before
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
