@@ -347,11 +347,16 @@ def load(build_dir: Path | str | None = None):
     key = "kernel"  # one build per process, wherever the first caller keeps it
     if key not in _loaded:
         try:
-            _loaded[key] = build("adaptive_spec_attention_cpu", SOURCE, ["attention"], build_dir).attention
+            _loaded[key] = build_attention(build_dir).attention
         except Exception as exc:  # no compiler, no headers: the operator version serves
             log.warning("the C++ attention kernel could not be built (%s); using exact.attention", exc)
             _loaded[key] = None
     return _loaded[key]
+
+
+def build_attention(build_dir: Path | str | None = None):
+    """Build (or load from `build_dir`) this kernel's extension, whose `attention` is what `load` gives."""
+    return build("adaptive_spec_attention_cpu", SOURCE, ["attention"], build_dir)
 
 
 def build(name: str, source: str, functions: list[str], build_dir: Path | str | None, flags: tuple[str, ...] = ()):

@@ -114,9 +114,7 @@ from pathlib import Path
 from adaptive_spec import attention_cpu, linear_bf16
 directory = Path({str(extensions_dir)!r})
 builds = {{
-    "adaptive_spec_attention_cpu": lambda: attention_cpu.build(
-        "adaptive_spec_attention_cpu", attention_cpu.SOURCE, ["attention"], directory
-    ),
+    "adaptive_spec_attention_cpu": lambda: attention_cpu.build_attention(directory),
     "adaptive_spec_linear_bf16": lambda: linear_bf16.build(directory),
 }}
 so = lambda name: (directory / name / f"{{name}}.so").stat().st_mtime_ns
