@@ -34,10 +34,11 @@ defaults until rank 64 replaced rank 16):
     no-noise       noise 0: the true states exactly
     noise-0.3      noise 0.3
     rank-4, rank-64  LoRA rank 4 or 64 (alpha = 2 r, the same scale); rank-64, one draft step trained,
-                   was HeadSettings() until unroll-2-decay-0.5-rank-64 replaced it
+                   was HeadSettings() until unroll-2-decay-0.5-rank-64 replaced it, and that one
+                   until unroll-3-decay-0.5-rank-64
     unroll-2       a second draft step trained on the head's own states
     lr-3e-3        the optimiser's learning rate 3e-3
-    unroll-2-rank-64  unroll 2 at rank 64 (HeadSettings(unroll=2))
+    unroll-2-rank-64  unroll 2 at rank 64
     unroll-3-rank-64  unroll 3 at rank 64
     unroll-2-decay-0.5-rank-64, unroll-2-decay-0.3-rank-64, unroll-3-decay-0.5-rank-64
                    unroll 2 or 3 at rank 64, each further step weighted 0.5 or 0.3 of the one
@@ -45,7 +46,7 @@ defaults until rank 64 replaced rank 16):
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
     default-fp32, default-bf16-autocast
-                   HeadSettings() with a training step's forwards in fp32 or under bf16 autocast
+                   HeadSettings() of the time (two draft steps, rank 64) with a training step's forwards in fp32 or under bf16 autocast
                    (LoraSettings.autocast; every other recipe: "auto", bf16 where the CPU has it natively)
 """
 
