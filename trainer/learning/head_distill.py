@@ -42,7 +42,8 @@ The loss of a step, with each output position weighted as in distill.py (`reject
 - unroll: with `unroll = 2` a second draft step is trained on the head's own predicted states, as
   it drafts: at position t it reads (P_1[t-1], token t) and attends to the first step's keys at
   positions up to t - 1 and to itself, which is what its cache holds when it drafts (EAGLE-3's
-  "training-time test", Li et al. 2025). It costs a second pass of the layer and of the LM head.
+  "training-time test", Li et al. 2025); `unroll = 3` (the default) a third on the second's, and so
+  on. Each step costs another pass of the layer and of the LM head.
 
 The softmax. With `softmax = "batch"` (the default) the head's next-token distribution in KL_j is a
 softmax over the tokens of the step's batch alone: every position's logged top-m, a few thousand of
@@ -93,18 +94,24 @@ class HeadSettings(LoraSettings):
     fuse's 0.66 M, trained whole), and a served version merges them into the layer, so the rank
     costs nothing per draft step.
 
-    Two draft steps trained (`unroll = 2`, the second weighted 0.5): on the same records, after 600
-    steps, first-token match 0.805 against 0.796 for one step, the second token given the first
-    0.825 against 0.116, and 1.80 draft tokens accepted per round at k = 4 against 0.89. It trails
-    early (0.70 against 0.75 at 200 steps, -0.02 at 300) and a step costs about 1.8 times as much
-    (docs/figures/head-ablation-unroll-python.json). Weight 0.8 trailed further at 200 steps (0.69),
-    0.3 less (0.72) with a weaker second token; unroll 3 reached 0.66 at depth 3 but 0.66 first."""
+    Three draft steps trained (`unroll = 3`, each weighted 0.5 of the one before). Two steps made the
+    second token work (on the same records, after 600 steps, first-token match 0.805 against 0.796 for
+    one step, the second token given the first 0.825 against 0.116, 1.80 draft tokens accepted per
+    round at k = 4 against 0.89; docs/figures/head-ablation-unroll-python.json), but online the third
+    draft token was accepted 0.19-0.21 of the time and the fourth almost never: it reads a state the
+    second step predicted, which training never showed it. Three steps, on 160 other python records
+    after 600 steps: first-token match 0.804 against 0.799 for one step, depths 2 / 3 / 4 0.83 / 0.85
+    / 0.60, 2.34 tokens accepted per round at k = 4 (docs/figures/head-ablation-unroll3-600-python.json).
+    It trails early (0.762 against 0.790 for two steps at 400 steps) and a step costs 1.5 times one
+    of two steps. Online (bench-drift --domain python --budget-minutes 30, the same day): 1.95x the
+    target alone against 1.80x for two steps, mean acceptance length 2.61 against 2.37, depths 3 / 4
+    accepted 0.59 / 0.35 against 0.19 / 0.04 (docs/benchmarks.md, "Three draft steps trained")."""
 
     r: int = 64
     alpha: int = 128  # LoRA scale = alpha / r = 2, as the early exit's
     regression_weight: float = 1.0  # the state regression against the KL, per position
     noise: float = 0.1  # half-width of the uniform noise on input states, relative to their RMS
-    unroll: int = 2  # draft steps trained per position: 2 also trains a step on its own predicted states
+    unroll: int = 3  # draft steps trained per position: 2 and 3 also train steps on its own predicted states
     unroll_decay: float = 0.5  # weight of each further draft step relative to the one before
     # The softmax of the KL: "batch" runs it over the tokens of the step's batch (every position's
     # logged top-m), "vocab" over the whole vocabulary (module docstring, "The softmax").
