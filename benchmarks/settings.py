@@ -32,35 +32,28 @@ class IntakeBenchSettings(ModelOptions):
 
 # The head's recipes (benchmarks/head_ablation.py). Each names every setting it is about, so that a recipe
 # keeps its meaning when HeadSettings' defaults move (rank-64 ran two draft steps once the default did).
-BASE = {
-    "r": 16,
-    "alpha": 32,
-    "unroll": 1,
-}  # the recipes differ from this one (the head's default before rank 64) in one thing
+# BASE is the head's default before rank 64; the recipes in its family differ from it in one thing.
+BASE = {"r": 16, "alpha": 32, "unroll": 1}
+RANK_64 = {"r": 64, "alpha": 128}
+TWO_STEPS = RANK_64 | {"unroll": 2, "unroll_decay": 0.5}  # HeadSettings() before unroll 3
 RECIPES = {
     "rank-16": BASE,
     "no-regression": BASE | {"regression_weight": 0.0},
     "no-noise": BASE | {"noise": 0.0},
     "noise-0.3": BASE | {"noise": 0.3},
     "rank-4": BASE | {"r": 4, "alpha": 8},
-    "rank-64": BASE | {"r": 64, "alpha": 128},  # HeadSettings() before two trained draft steps
+    "rank-64": BASE | RANK_64,  # HeadSettings() before two trained draft steps
     "unroll-2": BASE | {"unroll": 2, "unroll_decay": 0.8},
     "lr-3e-3": BASE | {"lr": 3e-3},
-    "unroll-2-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.8},
-    "unroll-3-rank-64": {"r": 64, "alpha": 128, "unroll": 3, "unroll_decay": 0.8},
-    "unroll-2-decay-0.5-rank-64": {
-        "r": 64,
-        "alpha": 128,
-        "unroll": 2,
-        "unroll_decay": 0.5,
-    },  # HeadSettings() before unroll 3
-    "unroll-2-decay-0.3-rank-64": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.3},
-    "unroll-3-decay-0.5-rank-64": {"r": 64, "alpha": 128, "unroll": 3, "unroll_decay": 0.5},  # HeadSettings() now
-    # HeadSettings() before the batch softmax
-    "softmax-vocab": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5, "softmax": "vocab"},
+    "unroll-2-rank-64": RANK_64 | {"unroll": 2, "unroll_decay": 0.8},
+    "unroll-3-rank-64": RANK_64 | {"unroll": 3, "unroll_decay": 0.8},
+    "unroll-2-decay-0.5-rank-64": TWO_STEPS,
+    "unroll-2-decay-0.3-rank-64": RANK_64 | {"unroll": 2, "unroll_decay": 0.3},
+    "unroll-3-decay-0.5-rank-64": RANK_64 | {"unroll": 3, "unroll_decay": 0.5},  # HeadSettings() now
+    "softmax-vocab": TWO_STEPS | {"softmax": "vocab"},  # HeadSettings() before the batch softmax
     # HeadSettings() of the time (two draft steps) with its forwards in fp32 or under bf16 autocast (LoraSettings.autocast)
-    "default-fp32": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5, "autocast": "off"},
-    "default-bf16-autocast": {"r": 64, "alpha": 128, "unroll": 2, "unroll_decay": 0.5, "autocast": "bf16"},
+    "default-fp32": TWO_STEPS | {"autocast": "off"},
+    "default-bf16-autocast": TWO_STEPS | {"autocast": "bf16"},
 }
 
 
