@@ -40,6 +40,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class Job:
 
     def __post_init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._events: deque[Chunk | BaseException] = deque()  # posted, not yet read (touched on the loop only)
+        self._waiter: asyncio.Future | None = None  # next_event waits on it while _events is empty
         self._cancelled = threading.Event()
         self._next_poll = 0.0  # when next_event next asks whether the client is still there
 
@@ -119,8 +121,14 @@ class Job:
 
     def post(self, item: Chunk | BaseException) -> None:
         """From the worker thread: hand a chunk or an error to the handler's event loop."""
-        with contextlib.suppress(RuntimeError):  # the loop is gone (server stopped); nobody is waiting
-            self._loop.call_soon_threadsafe(self._events.put_nowait, item)
+        post_all([(self, item)])
+
+    def _put(self, item: Chunk | BaseException) -> None:
+        """On the loop: keep the item and wake next_event if it waits."""
+        self._events.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            _wake(waiter)
 
     async def next_event(self, request=None, poll_s: float = 0.25) -> Chunk:
         """The next chunk. Raises `Ended` on timeout or, when `request` is given, once the client has
@@ -132,17 +140,20 @@ class Job:
                 if await request.is_disconnected():
                     self.cancel("disconnect")
                     raise Ended("disconnect")
-            try:
-                item = self._events.get_nowait()
-            except asyncio.QueueEmpty:
+            if not self._events:
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     self.cancel("timeout")
-                    raise Ended("timeout") from None
+                    raise Ended("timeout")
+                # a bare future and a timer, not asyncio.wait_for on a queue: that made a task per chunk
+                waiter = self._waiter = self._loop.create_future()
+                timer = self._loop.call_later(min(poll_s, remaining), _wake, waiter)
                 try:
-                    item = await asyncio.wait_for(self._events.get(), timeout=min(poll_s, remaining))
-                except asyncio.TimeoutError:
-                    continue
+                    await waiter
+                finally:
+                    timer.cancel()
+                continue
+            item = self._events.popleft()
             if isinstance(item, BaseException):
                 raise item
             return item
@@ -151,6 +162,29 @@ class Job:
         if time.monotonic() > self.deadline:
             self.cancel("timeout")
         return self.cancelled
+
+
+def post_all(items: list[tuple[Job, Chunk | BaseException]]) -> None:
+    """From the worker thread: hand each job its item, with one wake-up per event loop (not one per job).
+
+    A step of 8 rows posts 8 chunks; one call_soon_threadsafe each woke the server's loop 8 times a
+    step, and the loop shares the 2 cores with the decoding step it waits on."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
+    for job, item in items:
+        by_loop.setdefault(id(job._loop), (job._loop, []))[1].append((job, item))
+    for loop, batch in by_loop.values():
+        with contextlib.suppress(RuntimeError):  # the loop is gone (server stopped); nobody is waiting
+            loop.call_soon_threadsafe(_deliver, batch)
+
+
+def _deliver(batch: list[tuple[Job, Chunk | BaseException]]) -> None:
+    for job, item in batch:
+        job._put(item)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def engine_thread() -> ThreadPoolExecutor:
@@ -349,15 +383,18 @@ class EngineWorker:
                 self.on_step(*batch.last_step)
             except Exception:  # a metrics hook must not stop the engine
                 log.exception("engine worker: after-step hook failed")
+        posts, ended = [], []
         for row, chunk in results:
             job, chunk.index = self._active[row]
+            posts.append((job, chunk))
             if chunk.output is None:
-                job.post(chunk)
                 continue
             del self._active[row]  # the batch took the finished row out itself
             job.choices_done += 1
             job.finished = job.choices_done == job.n
-            job.post(chunk)
+            ended.append((job, chunk))
+        post_all(posts)  # the step's chunks in one hand-off, before the finished requests' hooks
+        for job, chunk in ended:
             self._end(job, chunk.output, chunk.index)
 
     def _drop_stopped(self, batch) -> None:
