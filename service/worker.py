@@ -169,10 +169,10 @@ def post_all(items: list[tuple[Job, Chunk | BaseException]]) -> None:
 
     A step of 8 rows posts 8 chunks; one call_soon_threadsafe each woke the server's loop 8 times a
     step, and the loop shares the 2 cores with the decoding step it waits on."""
-    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Chunk | BaseException]]] = {}
     for job, item in items:
-        by_loop.setdefault(id(job._loop), (job._loop, []))[1].append((job, item))
-    for loop, batch in by_loop.values():
+        by_loop.setdefault(job._loop, []).append((job, item))
+    for loop, batch in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop is gone (server stopped); nobody is waiting
             loop.call_soon_threadsafe(_deliver, batch)
 
