@@ -83,10 +83,16 @@ def _holdback(text: str, stops: list[str]) -> int:
 def decodes_by_concatenation(tokenizer) -> bool:
     """Whether `tokenizer`'s decode of a + b is its decode of a followed by its decode of b whenever a's
     text ends with a whole character: a fast tokenizer with a byte-level or fusing decoder that cleans
-    up no spaces (see the module's docstring)."""
+    up no spaces (see the module's docstring), and whose class decodes as transformers' fast tokenizer
+    does. A class of its own may look at the whole text: Whisper's removes timestamps such as
+    "<|1.00|>" from it, which a stream cut after "<|1." would show."""
     from tokenizers import decoders
+    from transformers import PreTrainedTokenizerFast
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return False
+    cls = type(tokenizer)
+    if any(getattr(cls, name, None) is not getattr(PreTrainedTokenizerFast, name) for name in ("decode", "_decode")):
         return False
     return type(backend.decoder) in (decoders.ByteLevel, decoders.Fuse)

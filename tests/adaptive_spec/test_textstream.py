@@ -12,7 +12,7 @@ import random
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, WhisperTokenizer
 
 from adaptive_spec.textstream import IncrementalText, decodes_by_concatenation
 from benchmarks.tiny_model import tiny_tokenizer
@@ -81,6 +81,21 @@ def test_which_decoders_concatenate():
     cleaned.clean_up_tokenization_spaces = True  # " ." -> "." looks across tokens
     assert not decodes_by_concatenation(cleaned)
     assert not decodes_by_concatenation(None)  # no tokenizer: the engine decodes nothing
+
+
+def test_a_class_that_decodes_its_own_way_decodes_everything():
+    """Whisper's tokenizer is byte-level but takes timestamps out of the whole text: after "<|1." and
+    "00|>" the output's text is empty, so nothing may have been shown. (Found in review.)"""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {character: i for i, character in enumerate(alphabet)}
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=[], clean_up_tokenization_spaces=False)
+    assert type(tokenizer.backend_tokenizer.decoder) is decoders.ByteLevel
+    assert not decodes_by_concatenation(tokenizer)
+    ids = [vocab[character] for character in "<|1.00|>"]
+    deltas, _, stream = streamed(tokenizer, ids, [4, 4])
+    assert tokenizer.decode(ids, skip_special_tokens=True) == ""
+    assert deltas == ["<|1.", ""]  # what decoding everything shows (the first chunk is not yet a timestamp)
+    assert stream.finish("") == ""
 
 
 @pytest.mark.parametrize("seed", range(6))
