@@ -76,7 +76,11 @@ PHASE_KEYS = (
 class DriftBenchSettings:
     budget_minutes: float = 30.0
     eval_prompts: int = 24
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # of each held-out measurement
+    # of each traffic answer, what the trainer learns from (None: max_new_tokens). Answers longer than the
+    # measurement's make more records of the same prompts: at 64 tokens the 376 traffic prompts of a shipped
+    # domain run out after 5-7 of the budget's 30 minutes on the fast path, and the trainer then idles.
+    traffic_new_tokens: int | None = None
     k: int | None = None
     # After the traffic ends the trainer may go on this long (None: until the budget's measurements are due),
     # and stops sooner once it has nothing left to try: no round due, its idle rounds exhausted
@@ -159,6 +163,7 @@ def run_drift(
     training_started = time.monotonic()
     worker.start()
     served = 0
+    traffic_new_tokens = settings.traffic_new_tokens or settings.max_new_tokens
     engine.record_topk = 16
     try:
         bar = tqdm(traffic, desc="traffic", unit="prompt", disable=not progress, file=sys.stderr)
@@ -166,7 +171,7 @@ def run_drift(
             if time.monotonic() > traffic_deadline:
                 break
             ids, response_format = encode_item(item, engine)  # tools and forced calls as the server does
-            out = engine.generate(ids, settings.max_new_tokens, k=settings.k, response_format=response_format)
+            out = engine.generate(ids, traffic_new_tokens, k=settings.k, response_format=response_format)
             writer.log(  # as the server logs a finished request
                 out,
                 request_id=uuid.uuid4().hex,
@@ -224,6 +229,7 @@ def run_drift(
         "draft": engine.draft_id,
         "k": settings.k if settings.k is not None else "dynamic",
         "max_new_tokens": settings.max_new_tokens,
+        "traffic_new_tokens": settings.traffic_new_tokens or settings.max_new_tokens,
         **cost,
         "live": live_windows(served_requests, settings.window_s),
         "window_s": settings.window_s,
@@ -290,7 +296,8 @@ def format_report(figures: dict) -> str:
             f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
             f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
             f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
-            f"                       before    after   (held-out prompts: {figures['eval_prompts']})",
+            f"                       before    after   (held-out prompts: {figures['eval_prompts']}, "
+            f"{figures['max_new_tokens']} new tokens; traffic answers {figures.get('traffic_new_tokens', '?')})",
             f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",
             f"  mean acceptance length {f(b['mean_acceptance_length'], '.2f')}     {f(a['mean_acceptance_length'], '.2f')}",
             f"  tokens verified/step   {f(b['tokens_verified_per_step'], '.2f')}     {f(a['tokens_verified_per_step'], '.2f')}",

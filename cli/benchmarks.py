@@ -67,6 +67,14 @@ def add_commands(commands) -> None:
         "due, or sooner once the trainer has nothing left to try: no round due and its idle rounds exhausted)",
     )
     drift.add_argument(
+        "--traffic-new-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="new tokens of each traffic answer, what the trainer learns from (default: --max-new-tokens, which "
+        "sizes the held-out measurements); longer answers give the trainer more of the same prompts' text",
+    )
+    drift.add_argument(
         "--after-k",
         type=k_list,
         default=(),
@@ -197,6 +205,7 @@ def _drift_inputs(args):
         budget_minutes=args.budget_minutes,
         eval_prompts=args.eval_prompts or 24,
         max_new_tokens=args.max_new_tokens,
+        traffic_new_tokens=args.traffic_new_tokens,
         k=args.k,
         train_tail_s=args.train_tail_s,
         after_k=args.after_k,

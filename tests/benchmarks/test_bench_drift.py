@@ -19,7 +19,13 @@ def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatc
     rng = np.random.default_rng(0)
     items = [PromptItem(rng.integers(0, 16, 8).tolist()) for _ in range(40)]
     settings = DriftBenchSettings(
-        budget_minutes=0.75, eval_prompts=6, max_new_tokens=12, train_tail_s=5, gate_min_positions=50, after_k=(2,)
+        budget_minutes=0.75,
+        eval_prompts=6,
+        max_new_tokens=12,
+        traffic_new_tokens=20,  # traffic answers longer than the measurements'
+        train_tail_s=5,
+        gate_min_positions=50,
+        after_k=(2,),
     )
     figures = run_drift(engine, items, "tiny", settings, redis_url, tmp_path, progress=False)
 
@@ -34,6 +40,9 @@ def test_a_short_run_reports_every_figure(draft, redis_url, tmp_path, monkeypatc
     assert "after at fixed k=2" in format_report(figures)
     assert figures["draft_step_fraction"] > 0 and figures["draft_forwards_timed"] > 0  # timed, after training
     assert figures["records_consumed"] > 0  # the trainer read the traffic for this draft
+    # no end-of-sequence token: every traffic answer runs its 20 tokens (the measurements their 12)
+    assert figures["tokens_consumed"] == 20 * figures["records_consumed"]
+    assert figures["traffic_new_tokens"] == 20 and figures["max_new_tokens"] == 12
 
 
 def test_a_bf16_server_trains_its_draft_over_an_fp32_target_of_the_trainers_own(
