@@ -43,6 +43,8 @@ defaults until rank 64 replaced rank 16):
     unroll-2-decay-0.5-rank-64, unroll-2-decay-0.3-rank-64, unroll-3-decay-0.5-rank-64
                    unroll 2 or 3 at rank 64, each further step weighted 0.5 or 0.3 of the one
                    before (HeadSettings.unroll_decay; 0.8 in the others)
+    unroll-3-decay-0.5-rank-128, unroll-3-decay-0.5-rank-64-lr-2e-3
+                   unroll-3-decay-0.5-rank-64 with a LoRA of rank 128 (alpha 256), or a learning rate of 2e-3
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
     default-fp32, default-bf16-autocast
