@@ -79,7 +79,8 @@ class DriftBenchSettings:
     max_new_tokens: int = 64  # of each held-out measurement
     # of each traffic answer, what the trainer learns from (None: max_new_tokens). Answers longer than the
     # measurement's make more records of the same prompts: at 64 tokens the 376 traffic prompts of a shipped
-    # domain run out after 5-7 of the budget's 30 minutes on the fast path, and the trainer then idles.
+    # domain run out after 5-7 of the budget's 30 minutes on the fast path, and the trainer then idles. At 256
+    # the head was no better on python or stdlib (docs/benchmarks.md, "More text per record did not pay").
     traffic_new_tokens: int | None = None
     k: int | None = None
     # After the traffic ends the trainer may go on this long (None: until the budget's measurements are due),
@@ -229,7 +230,7 @@ def run_drift(
         "draft": engine.draft_id,
         "k": settings.k if settings.k is not None else "dynamic",
         "max_new_tokens": settings.max_new_tokens,
-        "traffic_new_tokens": settings.traffic_new_tokens or settings.max_new_tokens,
+        "traffic_new_tokens": traffic_new_tokens,
         **cost,
         "live": live_windows(served_requests, settings.window_s),
         "window_s": settings.window_s,
