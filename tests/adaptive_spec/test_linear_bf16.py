@@ -66,7 +66,9 @@ def test_a_rows_output_does_not_depend_on_what_shares_the_call(kernel, k, n, thr
         together = kernel(x, weight, bias)
         for row in (0, 3, 17, 39):
             assert torch.equal(kernel(x[row : row + 1], weight, bias)[0], together[row]), row
-        assert torch.equal(kernel(x[5:22], weight, bias), together[5:22])  # a block of 4 starts elsewhere
+        assert torch.equal(kernel(x[5:22], weight, bias), together[5:22])  # a block of 8 starts elsewhere
+        for rows in range(1, 40):  # every row count: up to 4 rows and more take different blockings
+            assert torch.equal(kernel(x[40 - rows :], weight, bias), together[40 - rows :]), rows
         assert torch.equal(kernel(x.flip(0), weight, bias).flip(0), together)
     finally:
         torch.set_num_threads(before)
