@@ -113,6 +113,9 @@ class CompiledStep:
         self.decoder._modules = dict(decoder._modules)
         self.decoder._modules["norm"] = nn.Identity()
         self.calls = 0
+        # pad every one-token step to 2 columns, not only a lone row's (kv.compiled_width); set by
+        # exact.make_exact where the invariance check fails without it
+        self.pad_plain_steps = False
         self.rebuild()
 
     def rebuild(self) -> None:

@@ -156,7 +156,7 @@ class BatchCache:
         `lengths[r]`, `lengths[r] + 1`, ... Example: a row with 5 cached tokens fed 2 tokens in
         width 4 gets slots (and positions) [7, 8, 5, 6]. A padding column sees only its own slot: its
         output is thrown away, and a query over the whole context would cost as much as a real one
-        (a compiled step pads every plain step to 2 tokens a row, a batched verify pads every row to
+        (a compiled step pads a lone row's plain step to 2 tokens, a batched verify pads every row to
         the widest). No real query's result changes: each query's attention is its own.
 
         `trees` (draft trees, `TreeFeed` per row): each fed token is still written at its own slot,
@@ -410,16 +410,24 @@ def feed(
     return (out, captured[0]) if hidden else out
 
 
-COMPILED_MIN_WIDTH = 2  # tokens per row of a compiled step: a width of 1 would get a graph of its own
+def compiled_width(step, fed: list[int]) -> int:
+    """Columns of a compiled step that feeds `fed[i]` tokens to row i: the widest feed, but 2 for a lone
+    row's single token. Dynamo gives a [1, 1] input a graph of its own, which could fuse its arithmetic
+    differently, so a lone row's plain step takes a padding column and runs the graph every other step
+    runs. Several rows of one token each run that same graph at width 1: padded to 2 they cost twice the
+    products' rows, which on a CPU bound by its bf16 arithmetic was most of a batched plain step (8 rows,
+    Intel Xeon without AMX: 42.5 -> 26.5 ms). Where the invariance check finds that this changes a bit,
+    `exact.make_exact` sets `step.pad_plain_steps` and every one-token step is padded again."""
+    width = max(fed)
+    if width == 1 and (len(fed) == 1 or step.pad_plain_steps):
+        return 2
+    return width
 
 
 def _compiled_feed(step, model, cache: BatchCache, feeds: list[list[int]], hidden: bool, trees=None):
-    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py). A step of one token per
-    row gets a padding column, so that one graph serves every step (a graph specialised for a
-    width of 1 could fuse its arithmetic differently, and a position's logits would then depend on
-    the step's shape)."""
+    """`feed` of rows 0..n-1 through the model's compiled step (compiled.py), `compiled_width` columns wide."""
     fed = [len(f) for f in feeds]
-    width = max(COMPILED_MIN_WIDTH, *fed)
+    width = compiled_width(step, fed)
     ids = torch.tensor([[f[0]] * (width - len(f)) + list(f) for f in feeds], device=cache.device)  # [n, width]
     cache.allocate_for(model)
     positions, mask = cache.inputs(list(range(len(feeds))), fed, width, whole=True, trees=trees)

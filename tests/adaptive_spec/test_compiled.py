@@ -36,12 +36,47 @@ def test_the_compiled_step_is_exact_and_one_graph_serves_every_shape(compiled_en
     report = compiled_engine.exactness  # measured on the compiled step: 1x1 up to 8 rows x 17 tokens
     assert report.exact, report.summary()
     frames = torch._dynamo.utils.counters["frames"]["ok"]
-    batch = compiled_engine.new_batch(3)
-    for prompt in PROMPTS[:3]:
-        batch.add(compiled_engine.request(prompt, max_new_tokens=6, k=2))
-    while len(batch):
-        batch.step()
+    for speculative in (True, False):  # plain batched steps feed every row one token, at width 1
+        batch = compiled_engine.new_batch(3)
+        for prompt in PROMPTS[:3]:
+            batch.add(compiled_engine.request(prompt, max_new_tokens=6, k=2, speculative=speculative))
+        while len(batch):
+            batch.step()
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a new shape recompiled the step"
+
+
+def test_one_token_steps_are_padded_for_a_lone_row_only_unless_the_check_asked_for_it(compiled_engine) -> None:
+    step = kv.COMPILED[compiled_engine.target]
+    assert not step.pad_plain_steps  # the check passed without padding several rows' plain steps
+    assert kv.compiled_width(step, [1]) == 2  # a [1, 1] input would get a graph of its own
+    assert kv.compiled_width(step, [1, 1, 1]) == 1
+    assert kv.compiled_width(step, [1, 3, 2]) == 3
+    step.pad_plain_steps = True
+    try:
+        assert kv.compiled_width(step, [1, 1, 1]) == 2
+        assert kv.compiled_width(step, [1, 3]) == 3
+    finally:
+        step.pad_plain_steps = False
+
+
+def test_make_exact_pads_plain_steps_when_the_check_fails_without(compiled_engine, monkeypatch) -> None:
+    model = compiled_engine.target
+    step = kv.COMPILED[model]
+    reports = []
+
+    def check(checked, **kwargs):  # exact only once every one-token step is padded
+        reports.append(step.pad_plain_steps)
+        return exact.InvarianceReport(
+            exact=step.pad_plain_steps, compared=69, differing=0, max_abs_diff=0.0, dtype="bf16"
+        )
+
+    monkeypatch.setattr(exact, "check", check)
+    monkeypatch.setattr(model, "_adaptive_spec_exactness", None, raising=False)
+    try:
+        report = exact.make_exact(model)
+        assert report.exact and reports == [False, True] and step.pad_plain_steps
+    finally:
+        step.pad_plain_steps = False
 
 
 def test_compiled_greedy_speculative_and_batched_rows_equal_the_compiled_target_alone(compiled_engine) -> None:
