@@ -303,7 +303,9 @@ def _prefix_reuse(model: CausalLM, context: list[int], following: list[int]) -> 
 def make_exact(model: CausalLM) -> InvarianceReport:
     """Install the invariant attention and linears, then check; if a lone-row pad is not enough
     on this machine, try fixed row chunks of 16 (the size below the kernel switch measured on a
-    Xeon's LM head). Returns the report of the last attempt; `exact` says whether it holds.
+    Xeon's LM head). On a compiled step, a failed check is first repeated with every one-token step
+    padded to 2 columns (`step.pad_plain_steps`; by default only a lone row's is, kv.compiled_width).
+    Returns the report of the last attempt; `exact` says whether it holds.
 
     The report is kept on the model, with what it was measured on (dtype, device, the compiled step,
     the kernels): a second engine over the same target (another draft, `bench --compare-drafts`)
