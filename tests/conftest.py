@@ -30,10 +30,29 @@ from launch.redis import RedisNotInstalled, RedisServer, started_server
 os.environ.setdefault(COMPILE_ENV, "0")
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist (pyproject's addopts run two workers), each worker and the processes it starts
+    take their share of torch's threads: two workers of 2 threads each on 2 cores would make every
+    OpenMP region wait for a descheduled thread."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, torch.get_num_threads() // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+_share_the_cores()
+
+
 @pytest.fixture(scope="session")
 def extensions_dir(tmp_path_factory) -> Path:
     """One build directory for the C++ kernels (attention_cpu, linear_bf16), as a server's data directory
-    keeps them: each is built once per session wherever the first test loads it."""
+    keeps them: each is built once per run wherever the first test loads it. pytest-xdist's workers share
+    it (their temporary directories have one parent): torch's build lock lets one build while the other waits."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "extensions"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("extensions")
 
 
