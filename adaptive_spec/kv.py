@@ -247,8 +247,8 @@ class BatchCache:
         _, heads, _, dim = like.shape
         rows = max(len(self.lengths), self.row_capacity)
         shape = (rows, heads, max(self._capacity, GROW), dim)
-        self.keys[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
-        self.values[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=self.device)
+        self.keys[layer_idx] = _fixed_heads(torch.zeros(shape, dtype=like.dtype, device=self.device))
+        self.values[layer_idx] = _fixed_heads(torch.zeros(shape, dtype=like.dtype, device=self.device))
         self._capacity = shape[2]
 
     def allocate_for(self, model) -> None:
@@ -273,13 +273,23 @@ class BatchCache:
             for i, layer in enumerate(buffers):
                 if layer is None or (layer.shape[0] >= rows and layer.shape[2] >= capacity):
                     continue
-                grown = layer.new_zeros((max(rows, layer.shape[0]), layer.shape[1], capacity, layer.shape[3]))
+                grown = _fixed_heads(
+                    layer.new_zeros((max(rows, layer.shape[0]), layer.shape[1], capacity, layer.shape[3]))
+                )
                 grown[: layer.shape[0], :, : layer.shape[2]] = layer
                 buffers[i] = grown
         self._capacity = capacity
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)
+
+
+def _fixed_heads(buffer: torch.Tensor) -> torch.Tensor:
+    """A cache buffer whose heads and head dimension a compiled step takes as constants (only its rows and
+    capacity vary)."""
+    torch._dynamo.mark_static(buffer, 1)
+    torch._dynamo.mark_static(buffer, 3)
+    return buffer
 
 
 @dataclass

@@ -140,3 +140,16 @@ def test_compiled_code_is_cached_in_the_data_directory_unless_the_user_chose_one
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     compiled.use_cache_dir(tmp_path / "fourth")
     assert cache_dir() == str(tmp_path / "fourth")
+
+
+def test_cache_buffers_give_the_compiler_constant_heads_also_after_they_grow() -> None:
+    """Only a buffer's rows and capacity vary between steps; its heads and head dimension are constants of
+    the compiled step (kv._fixed_heads), for a buffer allocated and for one regrown with more rows and positions."""
+    cache = kv.BatchCache(num_layers=2)
+    like = torch.empty((1, 3, 0, 8))
+    for layer in range(2):
+        cache._allocate(layer, like)
+    cache._reserve(rows=4, positions=300)
+    for buffer in (*cache.keys, *cache.values):
+        assert buffer is not None and buffer.shape == (4, 3, 512, 8)
+        assert buffer._dynamo_static_indices == {1, 3}
