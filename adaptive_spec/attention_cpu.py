@@ -334,20 +334,29 @@ at::Tensor attention(at::Tensor query, at::Tensor key, at::Tensor value, at::Ten
   else TORCH_CHECK(false, "bf16 or fp32 only");
   return out;
 }
+
+// Also an operator of the dispatcher, so that a compiled step calls it with no Python in between (as
+// a Python custom operator around the pybind function it cost 5-14 us more a call, 30 calls a step).
+TORCH_LIBRARY(adaptive_spec_attention, m) {
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(adaptive_spec_attention, CPU, m) { m.impl("attention", &attention); }
 """
 
 _loaded: dict[str, object] = {}
 
 
 def load(build_dir: Path | str | None = None):
-    """The compiled kernel's `attention(query, key, value, mask, scale)`, or None where it cannot be
-    built (no C++ compiler, or ADAPTIVE_SPEC_CPU_ATTENTION=0)."""
+    """The compiled kernel as the dispatcher's operator `attention(query, key, value, mask, scale)`
+    (`torch.ops.adaptive_spec_attention.attention`, with the fake that tracing needs), or None where it
+    cannot be built (no C++ compiler, or ADAPTIVE_SPEC_CPU_ATTENTION=0)."""
     if not CoreSettings.from_env().cpu_attention:
         return None
     key = "kernel"  # one build per process, wherever the first caller keeps it
     if key not in _loaded:
         try:
-            _loaded[key] = build_attention(build_dir).attention
+            build_attention(build_dir)
+            _loaded[key] = _operator()
         except Exception as exc:  # no compiler, no headers: the operator version serves
             log.warning("the C++ attention kernel could not be built (%s); using exact.attention", exc)
             _loaded[key] = None
@@ -355,8 +364,22 @@ def load(build_dir: Path | str | None = None):
 
 
 def build_attention(build_dir: Path | str | None = None):
-    """Build (or load from `build_dir`) this kernel's extension, whose `attention` is what `load` gives."""
+    """Build (or load from `build_dir`) this kernel's extension: its `attention` is the pybind function, and
+    loading it registers the operator that `load` gives. A process loads it from one directory only (a
+    second registration of the operator aborts)."""
     return build("adaptive_spec_attention_cpu", SOURCE, ["attention"], build_dir)
+
+
+def _operator():
+    """The kernel as the dispatcher's operator, with its fake (registered once: `load` caches it)."""
+    operator = torch.ops.adaptive_spec_attention.attention.default
+
+    @torch.library.register_fake("adaptive_spec_attention::attention")
+    def _(query, key, value, mask, scale):
+        n, heads, q, d = query.shape
+        return query.new_empty((n, q, heads, d))
+
+    return operator
 
 
 def build(name: str, source: str, functions: list[str], build_dir: Path | str | None, flags: tuple[str, ...] = ()):
