@@ -20,9 +20,9 @@ Shapes: one graph serves every number of rows, tokens per row and cache capacity
 dimensions, without the usual specialisation of size 1, `backed_size_oblivious`): the step attends
 over the cache's whole capacity, which grows in multiples of 256 positions, with the mask hiding
 what a row may not see. Exactness holds because the graph is the same for every shape and its
-attention is the batch-invariant kernel of exact.py, called as an opaque operator
-(`adaptive_spec::attention`) that the compiler does not rewrite; `exact.check` measures it on the
-compiled path like on the eager one.
+attention is a batch-invariant kernel called as an opaque operator that the compiler does not rewrite:
+attention_cpu.py's C++ kernel (`adaptive_spec_attention::attention`) on the CPU where it builds, else
+exact.py's (`adaptive_spec::attention`); `exact.check` measures it on the compiled path like on the eager one.
 
 Compiled code is cached under `cache_dir` (inductor's FX graph cache and AOT autograd's, beside the
 C++ kernels in `extensions/`), so only a server's first start pays for generating code. On the
