@@ -76,7 +76,9 @@ class _Groups:
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
     """The attention interface of a compiled model: the invariant kernel as one opaque operator."""
-    if attention_mask is None or attention_mask.dtype != torch.bool or softcap is not None:
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if attention_mask is None or attention_mask.dtype != torch.bool or softcap is not None or training:
+        # exact.attention's PyTorch operators: no bool mask, a softcap, or gradients the kernels do not give
         return exact.attention(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     kernel = _KERNEL[0]

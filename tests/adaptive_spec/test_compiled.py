@@ -153,3 +153,15 @@ def test_cache_buffers_give_the_compiler_constant_heads_also_after_they_grow() -
     for buffer in (*cache.keys, *cache.values):
         assert buffer is not None and buffer.shape == (4, 3, 512, 8)
         assert buffer._dynamo_static_indices == {1, 3}
+
+
+def test_a_draft_on_the_kernel_still_trains(compiled_engine) -> None:
+    """A draft on the compiled model's attention (compiled.use_kernel) gets its gradients from exact.attention's
+    operators: the C++ kernel has no backward, and a forward through it would leave the layers before it untrained."""
+    layer = compiled_engine.drafter.models()[0].layer
+    query, key, value = (torch.randn(1, heads, 6, 16, requires_grad=True) for heads in (4, 2, 2))
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
+    out, _ = compiled._attention(layer.self_attn, query, key, value, mask, scaling=0.25)
+    out.float().sum().backward()
+    assert query.grad is not None and key.grad is not None and value.grad is not None
+    assert query.grad.abs().sum() > 0 and value.grad.abs().sum() > 0
