@@ -194,7 +194,7 @@ class Batch:
 
     def _new_row(self, request: Request) -> Row:
         """A row for a request, not yet in the batch (no slot: `_join` gives it one)."""
-        trace = Trace(self.engine.record_topk, request.logprobs)
+        trace = Trace(self.engine.record_topk if request.record else 0, request.logprobs)
         return Row(request, -1, 0.0, list(request.prompt_ids), RequestStats(), trace, time.perf_counter())
 
     def _join(self, row: Row) -> None:

@@ -36,6 +36,9 @@ class Request:
     penalties: Penalties = field(default_factory=Penalties)
     grammar: Grammar | None = None  # a compiled response_format (grammar.py)
     logprobs: int | None = None  # None: none; n: the emitted token's log-probability and the n most likely
+    # whether the output keeps the target's top-m per position (Engine.record_topk) for a correction record;
+    # a server sets False where none will be written (no correction log, or the request opted out of it)
+    record: bool = True
 
 
 @dataclass

@@ -18,6 +18,7 @@ What must hold:
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -565,6 +566,19 @@ def test_record_topk_matches_the_target_distribution() -> None:
     torch.testing.assert_close(out.target_topk_logprobs, top.values, atol=1e-4, rtol=0)
     # Without record_topk nothing is recorded.
     assert Engine(model, "ngram").generate(prompt, max_new_tokens=5).target_topk_ids is None
+
+
+def test_a_request_that_no_record_is_written_for_keeps_no_top_m() -> None:
+    engine = Engine(target(1), "early-exit:3", record_topk=4)
+    batch = engine.new_batch(2)
+    kept = batch.add(engine.request(PROMPTS["repeating"], max_new_tokens=6, k=3))
+    skipped = batch.add(dataclasses.replace(engine.request(PROMPTS["repeating"], max_new_tokens=6, k=3), record=False))
+    outputs = {}
+    while len(batch):
+        outputs.update((row, chunk.output) for row, chunk in batch.step() if chunk.output is not None)
+    assert outputs[kept].target_topk_ids.shape == (6, 4)
+    assert outputs[skipped].target_topk_ids is None and outputs[skipped].target_topk_logprobs is None
+    assert outputs[skipped].token_ids == outputs[kept].token_ids  # the same decoding otherwise
 
 
 def test_record_topk_is_truncated_with_the_output_at_eos() -> None:

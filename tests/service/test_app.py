@@ -20,6 +20,7 @@ the worker then waits inside the request's first step for as long as the test wa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -584,6 +585,22 @@ def test_opted_out_request_leaves_no_record(server, tiny_engine, redis_client):
     assert record.domain == "sql" and record.prompt_ids == PROMPT
     assert record.output_ids == logged.json()["choices"][0]["token_ids"]
     assert record.target_topk_ids.shape == (10, 8) and record.draft_id == "early-exit:1"
+
+
+def test_requests_keep_a_top_m_only_where_a_record_is_written(server, tiny_engine, live_server):
+    requests = tiny_engine.requests(PROMPT, 2, max_new_tokens=4)
+
+    def recorded(service, log_record: bool) -> list[bool]:
+        async def new_job():  # a job belongs to the event loop it is made on
+            return service.new_job(requests, log_record=log_record)
+
+        return [request.record for request in asyncio.run(new_job()).requests]
+
+    assert recorded(server.service, True) == [True, True]
+    assert recorded(server.service, False) == [False, False]  # opted out
+    with live_server(tiny_engine) as unlogged:  # no Redis: no correction log
+        assert unlogged.service.writer is None
+        assert recorded(unlogged.service, True) == [False, False]
 
 
 # ---------------------------------------------------------------- settings and keys
