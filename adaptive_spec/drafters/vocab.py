@@ -14,7 +14,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from adaptive_spec import cpu_linear
+from adaptive_spec import cpu_linear, exact
 from adaptive_spec.drafters import DraftRow
 from adaptive_spec.sampling import logits_to_probs, sample
 
@@ -56,7 +56,24 @@ class DraftVocab:
         return self.ids is not None
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """states: [n, hidden] after the final norm -> [n, n_vocab] (n_vocab = all when unrestricted)."""
+        """states: [..., hidden] after the final norm -> [..., n_vocab] (n_vocab = all when unrestricted).
+
+        In bf16 on a CPU where the compiled step's product kernel built (exact.COMPILED_LINEAR), a draft's
+        few rows take that kernel, as its own layers do (`exact.draft_products`): a draft need not be
+        invariant, only fast. Measured on an Intel Xeon without AMX, one row: the whole 49152-row head 2.15
+        -> 1.09 ms (an untrained head's every probe), 813 restricted rows 0.050 -> 0.012 ms."""
+        weight = self.weight if self._rows is None else self._rows
+        kernel = exact.COMPILED_LINEAR[0]
+        rows = states.reshape(-1, states.shape[-1])
+        if (
+            kernel is not None
+            and states.dtype == weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and rows.shape[0] <= exact.DRAFT_KERNEL_MAX_ROWS
+            and getattr(self.lm_head, "bias", None) is None
+            and not torch.is_grad_enabled()
+        ):
+            return kernel(rows.contiguous(), weight, None).reshape(*states.shape[:-1], weight.shape[0])
         if self._rows is None:
             return self.lm_head(states)
         return self._product(states, self._rows)

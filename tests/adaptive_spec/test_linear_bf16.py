@@ -103,6 +103,39 @@ class _Model(torch.nn.Module):
         return self.linear(x)
 
 
+def test_a_drafts_vocabulary_takes_the_kernel_for_few_rows(kernel) -> None:
+    """DraftVocab.logits (the draft's LM head, whole or restricted to an adapter's tokens) takes the kernel for a
+    draft's few rows, not PyTorch's product (twice as slow for one row on an Intel Xeon without AMX)."""
+    from adaptive_spec.drafters.vocab import DraftVocab
+
+    calls = []
+
+    def counted(x, weight, bias):
+        calls.append(x.shape[0])
+        return kernel(x, weight, bias)
+
+    saved = exact.COMPILED_LINEAR[0]
+    exact.COMPILED_LINEAR[0] = counted
+    try:
+        _, weight, _ = operands(1, 576, 4099)
+        head = _Model(weight)
+        exact.install(head)  # the target's LM head, as a draft shares it
+        vocab = DraftVocab(head.linear)
+        few = torch.randn(2, 3, 576).to(torch.bfloat16)  # a depth of draft trees: [n, width, hidden]
+        many = torch.randn(exact.DRAFT_KERNEL_MAX_ROWS + 1, 576).to(torch.bfloat16)
+        with torch.inference_mode():
+            assert torch.equal(vocab.logits(few), kernel(few.reshape(6, 576), weight, None).reshape(2, 3, 4099))
+            assert calls == [6]
+            assert torch.equal(vocab.logits(many), torch.nn.functional.linear(many, weight))  # PyTorch's product
+            assert calls == [6]
+            vocab.restrict([5, 17, 4098, 300])
+            rows = weight[[5, 17, 300, 4098]]
+            assert torch.equal(vocab.logits(few[0]), kernel(few[0], rows, None))
+            assert calls == [6, 3]
+    finally:
+        exact.COMPILED_LINEAR[0] = saved
+
+
 def test_a_drafts_own_linears_take_the_kernel_eagerly_and_the_targets_do_not(kernel) -> None:
     """exact.draft_products marks a draft's own modules: their few-row eager products take the kernel (a draft
     need not be invariant), while a module it does not mark keeps PyTorch's product outside a compiled step."""
