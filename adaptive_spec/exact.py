@@ -143,14 +143,10 @@ def linear(
     draft's own module (`draft_products`), whose few-row products may take the kernel eagerly too."""
     if torch.is_grad_enabled():  # training: the stock kernel, whatever it does with shapes
         return F.linear(x, weight, bias)
+    fast = kernel_product(x, weight, bias, draft)
+    if fast is not None:
+        return fast
     rows = x.reshape(-1, x.shape[-1])
-    kernel = COMPILED_LINEAR[0]
-    if (
-        kernel is not None
-        and x.dtype == weight.dtype == torch.bfloat16
-        and (torch.compiler.is_compiling() or (draft and rows.shape[0] <= DRAFT_KERNEL_MAX_ROWS))
-    ):
-        return kernel(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n = rows.shape[0]
     if row_chunk is None:
         if n >= LINEAR_MIN_ROWS:
@@ -161,6 +157,23 @@ def linear(
     padded = rows if total == n else torch.cat([rows, rows.new_zeros((total - n, rows.shape[1]))])
     out = torch.cat([F.linear(chunk, weight, bias) for chunk in padded.split(row_chunk)])
     return out[:n].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def kernel_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, draft: bool = False
+) -> torch.Tensor | None:
+    """`x @ weight.T + bias` through COMPILED_LINEAR where a product takes it: bf16, inside a compiled step, or
+    eagerly for a draft's few rows (`draft`, at most DRAFT_KERNEL_MAX_ROWS); None where it does not (off the
+    CPU, or under gradients, which the kernel does not give)."""
+    kernel = COMPILED_LINEAR[0]
+    if kernel is None or torch.is_grad_enabled() or not x.dtype == weight.dtype == torch.bfloat16:
+        return None
+    if weight.device.type != "cpu":
+        return None
+    rows = x.reshape(-1, x.shape[-1])
+    if not (torch.compiler.is_compiling() or (draft and rows.shape[0] <= DRAFT_KERNEL_MAX_ROWS)):
+        return None
+    return kernel(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:  # an nn.Linear that install() marked
