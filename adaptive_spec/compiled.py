@@ -12,7 +12,8 @@ for the few rows of a step).
 
 What runs compiled: a step over every row of a batch (`kv.feed` with rows 0..n-1, as every verify
 and plain step is), from the embedding to the logits of every fed position, plus the states that
-enter the final norm (what a head draft reads). Prefill (one row, many tokens) and the drafts'
+enter the final norm (what a head draft reads); and every prefill of the target (one row, many
+tokens, logits at the last position only), through the same graph (kv._compiled_prefill). The drafts'
 forwards run eager. That split is the same for the target alone and for speculation, so outputs
 still compare token for token.
 
@@ -126,6 +127,7 @@ class CompiledStep:
         self.decoder._modules = dict(decoder._modules)
         self.decoder._modules["norm"] = nn.Identity()
         self.calls = 0
+        self._columns: dict[tuple[int, torch.device], torch.Tensor] = {}  # width -> arange(width), made once
         # pad every one-token step to 2 columns, not only a lone row's (kv.compiled_width); set by
         # exact.make_exact where the invariance check fails without it
         self.pad_plain_steps = False
@@ -159,20 +161,33 @@ class CompiledStep:
             },
         )
 
-    def _forward(self, ids, positions, mask, cache):
+    def _forward(self, ids, positions, mask, cache, columns):
         states = self.decoder(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
         ).last_hidden_state
-        logits = self.lm_head(self.norm(states))
+        logits = self.lm_head(self.norm(states.index_select(1, columns)))
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits, states
 
-    def __call__(self, ids, positions, mask, cache):
+    def __call__(self, ids, positions, mask, cache, columns: torch.Tensor | None = None):
+        """Logits `[n, len(columns), vocab]` at the given columns (default: every one) and the states at every
+        column. A step wants every column's logits; a prompt's prefill only its last (kv.feed): the LM head
+        over all of a 512-token chunk's positions cost a quarter of its prefill on the default model. Which
+        columns comes as a tensor, not a number, so that one graph serves both: dynamo would specialise on a
+        number 1."""
+        if columns is None:
+            columns = self._every_column(ids.shape[1], ids.device)
         with _progress() if self.calls == 0 else contextlib.nullcontext(), _SHAPES, _FLOATS:
-            out = self._step(ids, positions, mask, cache)
+            out = self._step(ids, positions, mask, cache, columns)
         self.calls += 1
         return out
+
+    def _every_column(self, width: int, device: torch.device) -> torch.Tensor:
+        columns = self._columns.get((width, device))
+        if columns is None:
+            columns = self._columns[(width, device)] = torch.arange(width, device=device)
+        return columns
 
 
 @contextlib.contextmanager

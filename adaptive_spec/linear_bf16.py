@@ -15,9 +15,10 @@ use, and computes every output from its input row and weight row alone:
 Nothing in that depends on how many rows share the call, where a row sits in it, or how the outputs
 are split between threads, so a row's result is bitwise the same alone or in any batch. It is not
 bitwise oneDNN's product (another summation order), which is why the compiled step uses it for
-every product of every step and exact.check measures the result as for any path. Prefill (one
-row, many tokens) stays eager on PyTorch's kernel, which is faster there (compute-bound); a prompt
-is always prefilled the same way, so that changes no step's result.
+every product of every step and prefill and exact.check measures the result as for any path. For a
+prefill's many rows PyTorch's kernel is somewhat faster (compute-bound: 512 tokens 1.01 against 1.09 s
+on an Intel Xeon without AMX), but a prompt's tail after a cached prefix (1-16 tokens) runs 2-3x faster
+through the compiled step, and every prefill must take one path (kv._compiled_prefill).
 
 Measured on this machine (AMD EPYC Zen 5, 2 cores; default model's 211 products plus the LM head,
 distinct weights, best of 5): 2 rows 13.2 -> 7.5 ms, 8 rows 14.5 -> 7.2 ms, 16 rows 16.8 -> 9.6 ms,

@@ -95,6 +95,39 @@ def test_compiled_greedy_speculative_and_batched_rows_equal_the_compiled_target_
         assert alone.token_ids == baseline[0]
 
 
+def test_a_prefill_runs_compiled_with_the_same_bits_alone_beside_other_rows_or_split(compiled_engine) -> None:
+    """A prompt's prefill runs through the compiled step (kv._compiled_prefill), whose products differ from
+    the eager ones in their last bits: its keys, values and states must be those of the same prompt fed
+    alone, fed into a row of a cache that holds others (through a one-row cache of its own), and fed in two
+    parts (a cached prefix, then the rest), or the prefix cache would mix bits of two kinds."""
+    model = compiled_engine.target
+    step = kv.COMPILED[model]
+    assert compiled_engine.exactness.prefix_reuse, compiled_engine.exactness.summary()
+    prompt = PROMPTS[3]
+
+    def prefill(others: list[list[int]], parts: list[list[int]]):
+        cache = kv.BatchCache.for_model(model)
+        for context in others:
+            kv.feed(model, cache, [cache.add_row()], [context])
+        row, states = cache.add_row(), []
+        calls = step.calls
+        for part in parts:
+            states.append(kv.feed(model, cache, [row], [part], hidden=True)[1][0])
+        assert step.calls == calls + len(parts), "the prefill did not run compiled"
+        n = cache.lengths[row]
+        return [layer[row, :, :n] for layer in cache.keys + cache.values], torch.cat(states)
+
+    alone = prefill([], [prompt])
+    for others, parts in (
+        ([PROMPTS[0], PROMPTS[2]], [prompt]),
+        ([], [prompt[:16], prompt[16:]]),
+        ([PROMPTS[1]], [prompt[:1], prompt[1:-1], prompt[-1:]]),
+    ):
+        cached, states = prefill(others, parts)
+        assert all(torch.equal(a, b) for a, b in zip(alone[0], cached, strict=True))
+        assert torch.equal(alone[1], states)
+
+
 def test_the_eager_invariant_path_agrees_on_what_is_exact() -> None:
     """The same model eager: exact too (the compiled step is not what makes it exact)."""
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
@@ -116,7 +149,7 @@ def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_pat
         with torch.inference_mode():
             cache = kv.BatchCache.for_model(model)
             cache.add_row()
-            kv.feed(model, cache, [0], [prompt[:-1]])  # the prompt, eager
+            kv.feed(model, cache, [0], [prompt[:-1]])  # the prompt's prefill, compiled too
             step = kv.feed(model, cache, [0], [prompt[-1:]], all_logits=True)[0, -1]  # a compiled step
             eager = model(torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(step.float(), eager.float(), atol=0.05, rtol=0.05)

@@ -35,6 +35,7 @@ def baselines(engine, prompts):
 def test_the_compiled_bf16_step_is_batch_invariant(engine):
     assert engine.path == "compiled"
     assert engine.exactness.exact, engine.exactness.summary()
+    assert engine.exactness.prefix_reuse, engine.exactness.summary()  # prefills, compiled, split anywhere
 
 
 @pytest.mark.parametrize(("draft", "k"), [("head", None), ("head", 4), ("early-exit:4", 3)])
