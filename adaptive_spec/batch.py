@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -50,6 +51,11 @@ from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_a
 from adaptive_spec.sampling import logits_to_probs
 from adaptive_spec.stats import RequestStats, StepStats
 
+# Prompts prefilled together (Batch.add_many) when this many tokens or fewer are left after their cached prefix:
+# the tails an exact repeat leaves (prefix_cache.BLOCK - 1 at most, or 16 where the last block is whole).
+# Longer ones go alone: a forward over many tokens is bound by its arithmetic, and rows padded to the
+# longest would cost more than they save.
+JOINT_PREFILL_TOKENS = 16
 MAX_FORCED = 16  # grammar-forced tokens appended to a row's chain in one step (each widens the verify)
 
 
@@ -129,33 +135,64 @@ class Batch:
     def add(self, request: Request) -> Row:
         """Prefill a request's prompt into a new row; it decodes from the next step on. A long
         prompt arriving while other rows decode is prefilled a chunk per step instead (prefill.py)."""
+        return self.add_many([request])[0]
+
+    def add_many(self, requests: list[Request]) -> list[Row]:
+        """Rows for requests that arrived together, as `add` makes them, in order. On the compiled path the
+        prompts whose uncached rest is short (at most JOINT_PREFILL_TOKENS: the tail a prefix-cache hit
+        leaves) are prefilled in one forward, as a step's rows are: a forward of a few tokens costs little
+        more for 8 rows than for one, so 8 requests arriving at once no longer hold the batch for 8 forwards.
+        Each row's keys and values are what it would get alone (the step's rows are invariant, exact.check).
+        If the prefill fails, none of the rows stays in the batch."""
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
-        row = self._new_row(request)
-        prompt = row.ids[:-1]  # the last token is fed by the first step
-        hit = self.prefixes.lookup(prompt) if self.prefixes is not None and prompt else None
-        cached = 0 if hit is None else hit.length
-        row.stats.cached_tokens = cached
-        if self.prefills.worth_staging(len(row.ids) - cached, len(self.rows)):
-            self.prefills.stage(row, hit)
-            return row
-        self._join(row)
-        if prompt:
-            started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
+        if len(self) + len(requests) > self.max_rows:
+            raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
+        rows, prefills = [], []
+        for request in requests:
+            row = self._new_row(request)
+            rows.append(row)
+            prompt = row.ids[:-1]  # the last token is fed by the first step
+            hit = self.prefixes.lookup(prompt) if self.prefixes is not None and prompt else None
+            row.stats.cached_tokens = 0 if hit is None else hit.length
+            if self.prefills.worth_staging(len(row.ids) - row.stats.cached_tokens, len(self.rows)):
+                self.prefills.stage(row, hit)
+                continue
+            self._join(row)
+            if prompt:
+                prefills.append((row, hit))
+        together = self.engine.path == "compiled"
+        short = [together and len(row.ids) - 1 - row.stats.cached_tokens <= JOINT_PREFILL_TOKENS for row, _ in prefills]
+        joint = [p for p, is_short in zip(prefills, short, strict=True) if is_short]
+        groups = ([joint] if joint else []) + [[p] for p, is_short in zip(prefills, short, strict=True) if not is_short]
+        try:
+            for group in groups:
+                self._prefill(group)
+        except BaseException:
+            for row in rows:
+                self.remove(row)
+            raise
+        return rows
+
+    def _prefill(self, group: list[tuple[Row, Any]]) -> None:
+        """Prefill joined rows' prompts (each after its cached prefix, `prefix_cache.Hit` or None) in one forward."""
+        started = self.engine.clock()  # no step lock: the prefill runs the target only, which swaps never touch
+        for row, hit in group:
             if hit is not None:
                 self.target_cache.write_row(row.slot, hit.keys, hit.values)
-            out = kv.feed(
-                self.engine.target, self.target_cache, [row.slot], [prompt[cached:]], hidden=self.wants_hidden
-            )
-            states = out[1][0] if self.wants_hidden else None
+        feeds = [row.ids[row.stats.cached_tokens : -1] for row, _ in group]
+        out = kv.feed(
+            self.engine.target, self.target_cache, [row.slot for row, _ in group], feeds, hidden=self.wants_hidden
+        )
+        for i, (row, hit) in enumerate(group):
+            states = out[1][i, out[1].shape[1] - len(feeds[i]) :] if self.wants_hidden else None  # right-aligned
             if hit is not None and states is not None:
                 states = torch.cat([hit.states, states])
             if self.prefixes is not None:
-                self.prefixes.insert(prompt, self.target_cache, row.slot, states)
+                self.prefixes.insert(row.ids[:-1], self.target_cache, row.slot, states)
             if self.drafter is not None:
                 self.drafter.on_prefill(row, states)  # positions 0 .. len - 2
             row.stats.prefill_s = self.engine.clock() - started
-        return row
 
     def _join_staged(self) -> None:
         """Feed one chunk of a staged prompt; a prompt whose last chunk is in joins the batch."""

@@ -267,9 +267,10 @@ class Engine:
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         batch, index = self.new_batch(max_batch), {}
         while requests or len(batch):
-            while requests and not batch.full:
-                i, request = requests.popleft()
-                index[batch.add(request)] = i
+            arriving = [requests.popleft() for _ in range(min(len(requests), batch.max_rows - len(batch)))]
+            if arriving:  # prefilled together where their prompts allow (Batch.add_many)
+                for (i, _), row in zip(arriving, batch.add_many([r for _, r in arriving]), strict=True):
+                    index[row] = i
             for row, chunk in batch.step():
                 if chunk.output is not None:
                     outputs[index.pop(row)] = chunk.output

@@ -397,8 +397,8 @@ def feed(
     step = COMPILED.get(model)
     if step is not None and all_logits and not decoder_only and rows == list(range(len(rows))):
         return _compiled_feed(step, model, cache, feeds, hidden, trees)
-    if step is not None and not all_logits and len(rows) == 1 and trees is None:
-        return _compiled_prefill(step, model, cache, rows[0], feeds[0], decoder_only, hidden)
+    if step is not None and not all_logits and trees is None:
+        return _compiled_prefill(step, model, cache, rows, feeds, decoder_only, hidden)
     positions, mask = cache.inputs(rows, fed, width, trees=trees)
     with capture_final_norm_input(model, hidden) as captured:
         if decoder_only:
@@ -453,10 +453,13 @@ def _compiled_feed(
     return (logits, states) if hidden else logits
 
 
-def _compiled_prefill(step, model, cache: BatchCache, row: int, tokens: list[int], decoder_only: bool, hidden: bool):
-    """`feed` of one row's tokens (a prompt, or a chunk of one) through the compiled step, with the logits of
-    the last position only. The step runs rows 0..n-1 of a cache, so a row of a cache with others goes
-    through a one-row cache of its own: its context is copied in, the tokens fed, and the row copied back.
+def _compiled_prefill(
+    step, model, cache: BatchCache, rows: list[int], feeds: list[list[int]], decoder_only: bool, hidden: bool
+):
+    """`feed` of prompts (or chunks of them) through the compiled step, with the logits of each row's last
+    position only. The step runs rows 0..n-1 of a cache, so rows of a cache that holds others go through a
+    cache of their own: their contexts are copied in, the tokens fed, and the rows copied back. Several rows
+    share one forward as a step's rows do (Batch.add_many: requests that arrived together).
 
     Why a prefill runs compiled, where it ran eager: every prefill of a model must take the same path (a
     prompt's positions are computed once, kept in the prefix cache, and reused by requests decoded in either
@@ -464,17 +467,20 @@ def _compiled_prefill(step, model, cache: BatchCache, row: int, tokens: list[int
     prefix cache leaves most prompts a tail of 1-16 tokens, which the eager forward took 41-63 ms for against
     14-31 compiled (default model, bf16, Intel Xeon, 2 cores); a 512-token chunk costs about the same either
     way. That a prefill split anywhere gives the same bits is measured on this path (exact.check's prefix_reuse)."""
-    own = cache.num_rows == 1 and row == 0
+    own = rows == list(range(cache.num_rows))
     stage = cache
     if not own:
         stage = BatchCache.for_model(model)
-        stage.add_row()
-        stage.copy_from(cache, row, 0)
-    logits, states = _compiled_feed(step, model, stage, [tokens], hidden=True, last_only=True)
+        stage.row_capacity = len(rows)
+        for i, row in enumerate(rows):
+            stage.add_row()
+            stage.copy_from(cache, row, i)
+    logits, states = _compiled_feed(step, model, stage, feeds, hidden=True, last_only=True)
     if not own:
-        cache.copy_from(stage, 0, row)
+        for i, row in enumerate(rows):
+            cache.copy_from(stage, i, row)
     out = step.norm(states[:, -1]) if decoder_only else logits[:, -1]  # as the eager decoder's output, normed
-    return (out, states[:, states.shape[1] - len(tokens) :]) if hidden else out
+    return (out, states[:, states.shape[1] - max(len(f) for f in feeds) :]) if hidden else out
 
 
 @contextmanager

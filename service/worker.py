@@ -335,40 +335,62 @@ class EngineWorker:
 
     def _admit(self, batch) -> bool:
         """Move queued jobs into the batch while it has room; wait for one when nothing runs.
-        Returns False once the worker is told to stop."""
-        while True:
-            job = self._waiting
-            self._waiting = None
-            if job is None:
-                try:
-                    job = self._queue.get() if not len(batch) else self._queue.get_nowait()
-                except queue.Empty:
+        Returns False once the worker is told to stop. Jobs of one choice that are admitted together
+        join in one call, so that their prompts are prefilled together (Batch.add_many)."""
+        arriving: list[Job] = []
+        try:
+            while True:
+                job = self._waiting
+                self._waiting = None
+                if job is None:
+                    try:
+                        job = self._queue.get() if not len(batch) and not arriving else self._queue.get_nowait()
+                    except queue.Empty:
+                        return True
+                if job is _STOP:
+                    return False
+                if job._should_stop():
+                    job.post(Ended(job.cancel_reason))
+                    self._end(job, None)
+                    continue
+                if job.n > batch.max_rows:
+                    job.post(
+                        InputError(f"n={job.n} choices need {job.n} rows; this server decodes {batch.max_rows} at once")
+                    )
+                    continue
+                if len(batch) + len(arriving) + job.n > batch.max_rows:
+                    self._waiting = job  # first in line once rows free up
                     return True
-            if job is _STOP:
-                return False
-            if job._should_stop():
-                job.post(Ended(job.cancel_reason))
-                self._end(job, None)
-                continue
-            if job.n > batch.max_rows:
-                job.post(
-                    InputError(f"n={job.n} choices need {job.n} rows; this server decodes {batch.max_rows} at once")
-                )
-                continue
-            if len(batch) + job.n > batch.max_rows:
-                self._waiting = job  # first in line once rows free up
-                return True
-            try:
-                rows = batch.add_group(job.requests)
-            except InputError as exc:
+                if job.n == 1:
+                    arriving.append(job)
+                    continue
+                self._add([job], batch.add_group, job.requests)
+        finally:
+            if arriving:
+                self._add(arriving, batch.add_many, [job.requests[0] for job in arriving])
+
+    def _add(self, jobs: list[Job], add: Callable[[list], list], requests: list) -> None:
+        """Rows for the jobs' requests (`add`: Batch.add_group or add_many, rows in the requests' order); a
+        failure fails those jobs, not the worker."""
+        try:
+            rows = add(requests)
+        except InputError as exc:
+            for job in jobs:
                 job.post(exc)
-                continue
-            except Exception as exc:
-                log.exception("engine worker: prefill failed")
+            return
+        except Exception as exc:
+            if len(jobs) > 1:  # requests prefilled together, one of which may be at fault: each alone now
+                log.warning("engine worker: a prefill of %d requests together failed (%s); each alone", len(jobs), exc)
+                for job, request in zip(jobs, requests, strict=True):
+                    self._add([job], add, [request])
+                return
+            log.exception("engine worker: prefill failed")
+            for job in jobs:
                 job.post(exc)
-                continue
-            for index, row in enumerate(rows):
-                self._active[row] = (job, index)
+            return
+        choices = [(job, index) for job in jobs for index in range(job.n)]  # the rows' order
+        for row, choice in zip(rows, choices, strict=True):
+            self._active[row] = choice
 
     def _step(self, batch) -> None:
         try:

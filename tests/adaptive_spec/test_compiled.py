@@ -17,6 +17,7 @@ from tiny import llama
 from transformers import LlamaForCausalLM
 
 from adaptive_spec import Engine, compiled, exact, kv
+from adaptive_spec import batch as batch_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,6 +127,47 @@ def test_a_prefill_runs_compiled_with_the_same_bits_alone_beside_other_rows_or_s
         cached, states = prefill(others, parts)
         assert all(torch.equal(a, b) for a, b in zip(alone[0], cached, strict=True))
         assert torch.equal(alone[1], states)
+
+
+def test_prompts_that_arrive_together_are_prefilled_in_one_forward_with_their_own_bits(
+    compiled_engine, monkeypatch
+) -> None:
+    """Batch.add_many: rows whose uncached rest is short share one prefill forward (a long one goes alone),
+    each row's keys and values bitwise those it gets alone, and the outputs those of the target alone. A
+    prefill that fails leaves none of the rows in the batch."""
+    engine = compiled_engine
+    step = kv.COMPILED[engine.target]
+    long_prompt = [(5 * i + 1) % 97 for i in range(40)]  # not in the prefix cache yet: 39 tokens to prefill
+    assert len(long_prompt) - 1 > batch_module.JOINT_PREFILL_TOKENS >= max(len(p) for p in PROMPTS[:5:2])
+    prompts = [PROMPTS[0], PROMPTS[2], long_prompt, PROMPTS[4]]
+
+    def contexts(batch, rows):
+        return [[layer[row.slot, :, : len(row.ids) - 1] for layer in batch.target_cache.keys] for row in rows]
+
+    batch = engine.new_batch(4)
+    calls = step.calls
+    rows = batch.add_many([engine.request(p, max_new_tokens=8, speculative=False) for p in prompts])
+    assert step.calls == calls + 2, "the three short prompts in one forward, the long one alone"
+    singly = engine.new_batch(4)
+    single_rows = [singly.add(engine.request(p, max_new_tokens=8, speculative=False)) for p in prompts]
+    alone = [engine.generate(p, max_new_tokens=8, speculative=False).token_ids for p in prompts]
+    for mine, theirs in zip(contexts(batch, rows), contexts(singly, single_rows), strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    outputs = {}
+    while len(batch):
+        for row, chunk in batch.step():
+            if chunk.output is not None:
+                outputs[rows.index(row)] = chunk.output.token_ids
+    assert [outputs[i] for i in range(len(prompts))] == alone
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the prefill failed")
+
+    batch = engine.new_batch(4)
+    monkeypatch.setattr(kv, "feed", broken)
+    with pytest.raises(RuntimeError, match="the prefill failed"):
+        batch.add_many([engine.request(p, max_new_tokens=8) for p in prompts[:2]])
+    assert len(batch) == 0 and batch.target_cache.num_rows == 0
 
 
 def test_the_eager_invariant_path_agrees_on_what_is_exact() -> None:
