@@ -162,9 +162,12 @@ class Batch:
             if prompt:
                 prefills.append((row, hit))
         together = self.engine.path == "compiled"
-        short = [together and len(row.ids) - 1 - row.stats.cached_tokens <= JOINT_PREFILL_TOKENS for row, _ in prefills]
-        joint = [p for p, is_short in zip(prefills, short, strict=True) if is_short]
-        groups = ([joint] if joint else []) + [[p] for p, is_short in zip(prefills, short, strict=True) if not is_short]
+        joint: list[tuple[Row, Any]] = []
+        alone: list[tuple[Row, Any]] = []
+        for row, hit in prefills:
+            short = len(row.ids) - 1 - row.stats.cached_tokens <= JOINT_PREFILL_TOKENS
+            (joint if together and short else alone).append((row, hit))
+        groups = ([joint] if joint else []) + [[p] for p in alone]
         try:
             for group in groups:
                 self._prefill(group)

@@ -374,17 +374,14 @@ class EngineWorker:
         failure fails those jobs, not the worker."""
         try:
             rows = add(requests)
-        except InputError as exc:
-            for job in jobs:
-                job.post(exc)
-            return
         except Exception as exc:
             if len(jobs) > 1:  # requests prefilled together, one of which may be at fault: each alone now
                 log.warning("engine worker: a prefill of %d requests together failed (%s); each alone", len(jobs), exc)
                 for job, request in zip(jobs, requests, strict=True):
                     self._add([job], add, [request])
                 return
-            log.exception("engine worker: prefill failed")
+            if not isinstance(exc, InputError):
+                log.exception("engine worker: prefill failed")
             for job in jobs:
                 job.post(exc)
             return

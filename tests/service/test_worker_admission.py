@@ -10,7 +10,7 @@ import time
 import pytest
 from tiny import llama
 
-from adaptive_spec import Engine
+from adaptive_spec import Engine, InputError
 from service.worker import EngineWorker, Job
 
 
@@ -19,7 +19,9 @@ def engine():
     return Engine(llama(0, layers=2), "early-exit:1")
 
 
-def _admit(engine, prompts: list[list[int]], fail_together: bool = False, bad: int | None = None):
+def _admit(
+    engine, prompts: list[list[int]], fail_together: bool = False, bad: int | None = None, error: type = RuntimeError
+):
     """Queue one job per prompt, admit them into a new batch; returns (calls of add_many, what each job got)."""
 
     async def main():
@@ -35,7 +37,7 @@ def _admit(engine, prompts: list[list[int]], fail_together: bool = False, bad: i
             if fail_together and len(requests) > 1:
                 raise RuntimeError("a joint prefill failed")
             if bad is not None and any(r is jobs[bad].requests[0] for r in requests):
-                raise RuntimeError("this prompt cannot be prefilled")
+                raise error("this prompt cannot be prefilled")
             return add_many(requests)
 
         batch.add_many = spy
@@ -58,5 +60,6 @@ def test_single_choice_jobs_queued_together_join_in_one_call(engine) -> None:
 def test_a_joint_prefill_that_fails_is_tried_job_by_job(engine) -> None:
     calls, got, rows = _admit(engine, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], fail_together=True)
     assert calls == [3, 1, 1, 1] and got == ["row", "row", "row"] and rows == 3
-    calls, got, rows = _admit(engine, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], bad=1)
-    assert calls == [3, 1, 1, 1] and got == ["row", "RuntimeError", "row"] and rows == 2
+    for error in (RuntimeError, InputError):  # whatever the bad one raises, the others join
+        calls, got, rows = _admit(engine, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], bad=1, error=error)
+        assert calls == [3, 1, 1, 1] and got == ["row", error.__name__, "row"] and rows == 2
