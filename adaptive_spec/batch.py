@@ -143,33 +143,34 @@ class Batch:
         leaves) are prefilled in one forward, as a step's rows are: a forward of a few tokens costs little
         more for 8 rows than for one, so 8 requests arriving at once no longer hold the batch for 8 forwards.
         Each row's keys and values are what it would get alone (the step's rows are invariant, exact.check).
-        If the prefill fails, none of the rows stays in the batch."""
+        If anything fails on the way (a row's constraints, a prefill), none of the rows stays in the batch:
+        a row that joined and was never prefilled would decode from an empty cache."""
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         if len(self) + len(requests) > self.max_rows:
             raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
-        rows, prefills = [], []
-        for request in requests:
-            row = self._new_row(request)
-            rows.append(row)
-            prompt = row.ids[:-1]  # the last token is fed by the first step
-            hit = self.prefixes.lookup(prompt) if self.prefixes is not None and prompt else None
-            row.stats.cached_tokens = 0 if hit is None else hit.length
-            if self.prefills.worth_staging(len(row.ids) - row.stats.cached_tokens, len(self.rows)):
-                self.prefills.stage(row, hit)
-                continue
-            self._join(row)
-            if prompt:
-                prefills.append((row, hit))
-        together = self.engine.path == "compiled"
-        joint: list[tuple[Row, Any]] = []
-        alone: list[tuple[Row, Any]] = []
-        for row, hit in prefills:
-            short = len(row.ids) - 1 - row.stats.cached_tokens <= JOINT_PREFILL_TOKENS
-            (joint if together and short else alone).append((row, hit))
-        groups = ([joint] if joint else []) + [[p] for p in alone]
+        rows: list[Row] = []
         try:
-            for group in groups:
+            prefills = []
+            for request in requests:
+                row = self._new_row(request)
+                rows.append(row)
+                prompt = row.ids[:-1]  # the last token is fed by the first step
+                hit = self.prefixes.lookup(prompt) if self.prefixes is not None and prompt else None
+                row.stats.cached_tokens = 0 if hit is None else hit.length
+                if self.prefills.worth_staging(len(row.ids) - row.stats.cached_tokens, len(self.rows)):
+                    self.prefills.stage(row, hit)
+                    continue
+                self._join(row)
+                if prompt:
+                    prefills.append((row, hit))
+            together = self.engine.path == "compiled"
+            joint: list[tuple[Row, Any]] = []
+            alone: list[tuple[Row, Any]] = []
+            for row, hit in prefills:
+                short = len(row.ids) - 1 - row.stats.cached_tokens <= JOINT_PREFILL_TOKENS
+                (joint if together and short else alone).append((row, hit))
+            for group in ([joint] if joint else []) + [[p] for p in alone]:
                 self._prefill(group)
         except BaseException:
             for row in rows:
@@ -260,7 +261,7 @@ class Batch:
         if self.prefills.remove(row):
             return
         slot = row.slot
-        if slot >= len(self.rows) or self.rows[slot] is not row:
+        if not 0 <= slot < len(self.rows) or self.rows[slot] is not row:  # never joined (slot -1), or gone
             return
         last = self.rows.pop()
         for cache in (self.target_cache, self.draft_cache):

@@ -24,6 +24,7 @@ import torch
 from tiny import VOCAB, llama, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, kv
+from adaptive_spec import batch as batch_module
 from adaptive_spec.batch import Row
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -347,6 +348,32 @@ def test_a_draft_whose_weights_give_nan_probabilities_leaves_each_row_the_target
 # =================================================================================================
 # Bounds
 # =================================================================================================
+
+
+def test_requests_that_fail_to_join_leave_no_row_behind(monkeypatch) -> None:
+    """Batch.add_many: when one of the requests arriving together fails before the prompts are prefilled
+    (here its constraints cannot be built), none of them stays in the batch (a row that joined but was
+    never prefilled would decode from an empty cache), and the row already decoding goes on as alone."""
+    engine = Engine(target(0), "head")
+    batch = engine.new_batch(4)
+    running = batch.add(engine.request(PROMPTS[0], max_new_tokens=BUDGETS[0]))
+    batch.step()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("constraints could not be built")
+
+    monkeypatch.setattr(batch_module, "Constraints", broken)
+    arriving = [engine.request(p, max_new_tokens=4) for p in PROMPTS[1:3]]
+    arriving.append(engine.request(PROMPTS[3], max_new_tokens=4, presence_penalty=0.5))
+    with pytest.raises(RuntimeError, match="constraints could not be built"):
+        batch.add_many(arriving)
+    assert batch.rows == [running] and len(batch) == 1
+    assert batch.target_cache.num_rows == 1 and batch.draft_cache.num_rows == 1
+    monkeypatch.undo()
+    out = None
+    while out is None:
+        out = next((chunk.output for row, chunk in batch.step() if chunk.output is not None), None)
+    assert out.token_ids == alone(0, PROMPTS[0], max_new_tokens=BUDGETS[0])
 
 
 def test_a_full_batch_refuses_another_row_and_memory_follows_the_rows(monkeypatch) -> None:
