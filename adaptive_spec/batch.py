@@ -214,23 +214,30 @@ class Batch:
 
     def add_group(self, requests: list[Request]) -> list[Row]:
         """Rows for requests that share one prompt (OpenAI's `n`): the first is prefilled, the others
-        copy its cache, so the prompt is computed once."""
+        copy its cache, so the prompt is computed once. If one fails, none of the group stays in the batch
+        (rows nobody reads would decode on, and the worker knows no job of theirs)."""
         if len(self) + len(requests) > self.max_rows:
             raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
-        first = self.add(requests[0])
-        rows = [first]
-        for request in requests[1:]:
-            if request.prompt_ids != first.request.prompt_ids:
-                raise ValueError("a group of rows shares one prompt")
-            if first in self.prefills:  # its prompt is staged: the copies are prefilled on their own
-                rows.append(self.add(request))
-                continue
-            row = self._new_row(request)
-            self._join(row)
-            self.target_cache.copy_row(first.slot, row.slot)
-            if self.drafter is not None:
-                self.drafter.on_copy_row(first, row)
-            rows.append(row)
+        if any(request.prompt_ids != requests[0].prompt_ids for request in requests):
+            raise ValueError("a group of rows shares one prompt")
+        rows: list[Row] = []
+        try:
+            first = self.add(requests[0])
+            rows.append(first)
+            for request in requests[1:]:
+                if first in self.prefills:  # its prompt is staged: the copies are prefilled on their own
+                    rows.append(self.add(request))
+                    continue
+                row = self._new_row(request)
+                rows.append(row)
+                self._join(row)
+                self.target_cache.copy_row(first.slot, row.slot)
+                if self.drafter is not None:
+                    self.drafter.on_copy_row(first, row)
+        except BaseException:
+            for row in rows:
+                self.remove(row)
+            raise
         return rows
 
     def _new_row(self, request: Request) -> Row:

@@ -26,6 +26,7 @@ from tiny import VOCAB, llama, tiny_draft, tiny_target
 from adaptive_spec import Engine, kv
 from adaptive_spec import batch as batch_module
 from adaptive_spec.batch import Row
+from adaptive_spec.constraints import Constraints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -367,9 +368,37 @@ def test_requests_that_fail_to_join_leave_no_row_behind(monkeypatch) -> None:
     arriving.append(engine.request(PROMPTS[3], max_new_tokens=4, presence_penalty=0.5))
     with pytest.raises(RuntimeError, match="constraints could not be built"):
         batch.add_many(arriving)
+    monkeypatch.undo()
+    _only_the_running_row_goes_on_as_alone(batch, running)
+
+
+def test_a_group_whose_copy_fails_to_join_leaves_no_row_behind(monkeypatch) -> None:
+    """Batch.add_group (OpenAI's n): when a copy of the first row fails to join, the whole group leaves,
+    the first row too; the row already decoding goes on as alone."""
+    engine = Engine(target(0), "head")
+    batch = engine.new_batch(4)
+    running = batch.add(engine.request(PROMPTS[0], max_new_tokens=BUDGETS[0]))
+    batch.step()
+    built = []
+
+    def second_fails(*args, **kwargs):
+        if built:
+            raise RuntimeError("constraints could not be built")
+        built.append(True)
+        return Constraints(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "Constraints", second_fails)
+    with pytest.raises(RuntimeError, match="constraints could not be built"):
+        batch.add_group(engine.requests(PROMPTS[3], 3, max_new_tokens=4, presence_penalty=0.5))
+    assert built
+    monkeypatch.undo()
+    _only_the_running_row_goes_on_as_alone(batch, running)
+
+
+def _only_the_running_row_goes_on_as_alone(batch, running: Row) -> None:
+    """The batch holds `running` alone (PROMPTS[0]), in its caches too, and decodes it to the target alone's output."""
     assert batch.rows == [running] and len(batch) == 1
     assert batch.target_cache.num_rows == 1 and batch.draft_cache.num_rows == 1
-    monkeypatch.undo()
     out = None
     while out is None:
         out = next((chunk.output for row, chunk in batch.step() if chunk.output is not None), None)
