@@ -63,3 +63,36 @@ def test_a_joint_prefill_that_fails_is_tried_job_by_job(engine) -> None:
     for error in (RuntimeError, InputError):  # whatever the bad one raises, the others join
         calls, got, rows = _admit(engine, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], bad=1, error=error)
         assert calls == [3, 1, 1, 1] and got == ["row", error.__name__, "row"] and rows == 2
+
+
+def test_a_job_whose_rows_fail_to_join_fails_alone_and_the_worker_steps_on(engine, monkeypatch) -> None:
+    """A job of n = 2 choices whose second row cannot join (its constraints fail to build) gets the error,
+    leaves no row behind, and the next step serves the job admitted beside it: a row left in the batch
+    with no job of the worker's would fail the step's hand-off and end the engine thread."""
+    from adaptive_spec import batch as batch_module
+
+    built, constraints = [], batch_module.Constraints
+
+    def second_fails(*args, **kwargs):
+        if built:
+            raise RuntimeError("constraints could not be built")
+        built.append(True)
+        return constraints(*args, **kwargs)
+
+    async def main():
+        worker = EngineWorker(engine, queue_size=8, max_batch=4)
+        plain = Job([engine.request([5, 6, 7], max_new_tokens=4)], deadline=time.monotonic() + 30)
+        group = Job(engine.requests([8, 9], 2, max_new_tokens=4, presence_penalty=0.5), deadline=time.monotonic() + 30)
+        for job in (plain, group):
+            worker.submit(job)
+        batch = engine.new_batch(4)
+        monkeypatch.setattr(batch_module, "Constraints", second_fails)
+        assert worker._admit(batch)
+        monkeypatch.undo()
+        await asyncio.sleep(0)
+        assert built == [True] and len(batch) == 1 and [owner for owner, _ in worker._active.values()] == [plain]
+        assert type(group._events[0]).__name__ == "RuntimeError"
+        worker._step(batch)  # the plain job's row decodes; no row without a job
+        assert worker.died is None and len(batch) == 1
+
+    asyncio.run(main())
