@@ -404,6 +404,10 @@ class EngineWorker:
                 log.exception("engine worker: after-step hook failed")
         posts, ended = [], []
         for row, chunk in results:
+            if row not in self._active:  # a row no job owns would end the thread here: it leaves, loudly
+                log.error("engine worker: a row of the batch belongs to no job; it leaves the batch")
+                batch.remove(row)
+                continue
             job, chunk.index = self._active[row]
             posts.append((job, chunk))
             if chunk.output is None:

@@ -1,6 +1,7 @@
 """How the engine worker admits queued jobs (service/worker.py `_admit`): single-choice jobs that are queued
 together join the batch in one call, so that their prompts are prefilled together (Batch.add_many), and a
-joint prefill that fails is tried again job by job, so that only a job at fault fails."""
+joint prefill that fails is tried again job by job, so that only a job at fault fails; a job whose rows fail
+to join leaves none behind, and a row that no job owns cannot end the engine thread."""
 
 from __future__ import annotations
 
@@ -96,3 +97,14 @@ def test_a_job_whose_rows_fail_to_join_fails_alone_and_the_worker_steps_on(engin
         assert worker.died is None and len(batch) == 1
 
     asyncio.run(main())
+
+
+def test_a_row_that_no_job_owns_leaves_the_batch_and_the_worker_steps_on(engine, caplog) -> None:
+    """Should a row ever be left in the batch without a job (the failures above used to leave one), a step
+    takes it out and says so, instead of failing the step's hand-off and ending the engine thread."""
+    worker = EngineWorker(engine, queue_size=8, max_batch=4)
+    batch = engine.new_batch(4)
+    batch.add(engine.request([5, 6, 7], max_new_tokens=4))
+    worker._step(batch)
+    assert worker.died is None and len(batch) == 0
+    assert "belongs to no job" in caplog.text
