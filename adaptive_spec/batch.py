@@ -29,6 +29,7 @@ rows' acceptance.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -150,7 +151,7 @@ class Batch:
         if len(self) + len(requests) > self.max_rows:
             raise RuntimeError(f"the batch has room for {self.max_rows - len(self)} rows, not {len(requests)}")
         rows: list[Row] = []
-        try:
+        with self._all_or_none(rows):
             prefills = []
             for request in requests:
                 row = self._new_row(request)
@@ -172,11 +173,17 @@ class Batch:
                 (joint if together and short else alone).append((row, hit))
             for group in ([joint] if joint else []) + [[p] for p in alone]:
                 self._prefill(group)
+        return rows
+
+    @contextmanager
+    def _all_or_none(self, rows: list[Row]):
+        """If the block raises, the rows it made so far (`rows`, filled as it goes) leave the batch."""
+        try:
+            yield
         except BaseException:
             for row in rows:
                 self.remove(row)
             raise
-        return rows
 
     def _prefill(self, group: list[tuple[Row, Any]]) -> None:
         """Prefill joined rows' prompts (each after its cached prefix, `prefix_cache.Hit` or None) in one forward."""
@@ -221,7 +228,7 @@ class Batch:
         if any(request.prompt_ids != requests[0].prompt_ids for request in requests):
             raise ValueError("a group of rows shares one prompt")
         rows: list[Row] = []
-        try:
+        with self._all_or_none(rows):
             first = self.add(requests[0])
             rows.append(first)
             for request in requests[1:]:
@@ -234,10 +241,6 @@ class Batch:
                 self.target_cache.copy_row(first.slot, row.slot)
                 if self.drafter is not None:
                     self.drafter.on_copy_row(first, row)
-        except BaseException:
-            for row in rows:
-                self.remove(row)
-            raise
         return rows
 
     def _new_row(self, request: Request) -> Row:

@@ -21,6 +21,7 @@ import copy
 
 import pytest
 import torch
+from faults import fails_after
 from tiny import VOCAB, llama, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, kv
@@ -360,10 +361,7 @@ def test_requests_that_fail_to_join_leave_no_row_behind(monkeypatch) -> None:
     running = batch.add(engine.request(PROMPTS[0], max_new_tokens=BUDGETS[0]))
     batch.step()
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("constraints could not be built")
-
-    monkeypatch.setattr(batch_module, "Constraints", broken)
+    monkeypatch.setattr(batch_module, "Constraints", fails_after(0, Constraints, "constraints could not be built")[0])
     arriving = [engine.request(p, max_new_tokens=4) for p in PROMPTS[1:3]]
     arriving.append(engine.request(PROMPTS[3], max_new_tokens=4, presence_penalty=0.5))
     with pytest.raises(RuntimeError, match="constraints could not be built"):
@@ -379,14 +377,7 @@ def test_a_group_whose_copy_fails_to_join_leaves_no_row_behind(monkeypatch) -> N
     batch = engine.new_batch(4)
     running = batch.add(engine.request(PROMPTS[0], max_new_tokens=BUDGETS[0]))
     batch.step()
-    built = []
-
-    def second_fails(*args, **kwargs):
-        if built:
-            raise RuntimeError("constraints could not be built")
-        built.append(True)
-        return Constraints(*args, **kwargs)
-
+    second_fails, built = fails_after(1, Constraints, "constraints could not be built")
     monkeypatch.setattr(batch_module, "Constraints", second_fails)
     with pytest.raises(RuntimeError, match="constraints could not be built"):
         batch.add_group(engine.requests(PROMPTS[3], 3, max_new_tokens=4, presence_penalty=0.5))

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import pytest
+from faults import fails_after
 from tiny import llama
 
 from adaptive_spec import Engine, InputError
@@ -72,13 +73,7 @@ def test_a_job_whose_rows_fail_to_join_fails_alone_and_the_worker_steps_on(engin
     with no job of the worker's would fail the step's hand-off and end the engine thread."""
     from adaptive_spec import batch as batch_module
 
-    built, constraints = [], batch_module.Constraints
-
-    def second_fails(*args, **kwargs):
-        if built:
-            raise RuntimeError("constraints could not be built")
-        built.append(True)
-        return constraints(*args, **kwargs)
+    second_fails, built = fails_after(1, batch_module.Constraints, "constraints could not be built")
 
     async def main():
         worker = EngineWorker(engine, queue_size=8, max_batch=4)
