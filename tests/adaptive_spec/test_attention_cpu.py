@@ -138,3 +138,22 @@ for name, build in builds.items():
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kept", [1, 7, 8, 9, 16, 23])
+def test_the_largest_score_counts_wherever_it_sits_among_the_kept_keys(kernel, kept) -> None:
+    """The softmax's largest score is taken over 8 running maxima and a tail; one key far above the others,
+    at each kept position in turn (among masked keys in between), must take all the weight. A maximum
+    missed there would let exp_fixed clip the key at 1 beside the others: an average of values instead."""
+    kv_len = 2 * kept + 3
+    allowed = torch.zeros(kv_len, dtype=torch.bool)
+    allowed[1::2][:kept] = True  # every other key, so the kept ones are not a contiguous run
+    positions = allowed.nonzero().flatten().tolist()
+    query = torch.zeros(1, 1, 1, 16)
+    query[..., 0] = 1.0
+    for winner in positions:
+        key = torch.zeros(1, 1, kv_len, 16)
+        key[0, 0, winner, 0] = 200.0  # a score of 200 * scale = 100 above every other key's 0
+        value = torch.randn(1, 1, kv_len, 16, generator=torch.Generator().manual_seed(winner))
+        out = kernel(query, key, value, allowed.view(1, 1, 1, kv_len), 0.5)
+        torch.testing.assert_close(out[0, 0, 0], value[0, 0, winner], atol=1e-6, rtol=1e-6)
