@@ -157,3 +157,24 @@ def test_the_largest_score_counts_wherever_it_sits_among_the_kept_keys(kernel, k
         value = torch.randn(1, 1, kv_len, 16, generator=torch.Generator().manual_seed(winner))
         out = kernel(query, key, value, allowed.view(1, 1, 1, kv_len), 0.5)
         torch.testing.assert_close(out[0, 0, 0], value[0, 0, winner], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("context", [1, 7, 8, 9, 16, 17, 200])
+def test_a_short_rows_output_does_not_depend_on_the_caches_capacity(kernel, context) -> None:
+    """A long prompt leaves the batch's cache long: a short row's query then sees `context` keys of
+    thousands. The keys past its last visible one are skipped 8 mask bytes at a time and the scratch
+    grows with the keys reached, so its output is bitwise the one over a cache just its size, with a
+    contiguous mask or a broadcast one (stride 0, read a byte at a time), beside a row that sees all."""
+    query, key, value, _ = inputs(torch.bfloat16, n=2, q=1, kv_len=4096)
+    mask = torch.zeros(2, 1, 1, 4096, dtype=torch.bool)
+    mask[0, ..., :context] = True
+    mask[1] = True
+    together = kernel(query, key, value, mask, 0.125)
+    short = kernel(query[:1], key[:1, :, :context], value[:1, :, :context], mask[:1, ..., :context], 0.125)
+    assert torch.equal(together[0], short[0])
+    broadcast = mask[:1, :, :, :1].expand(1, 1, 1, context)  # every key visible, through a stride-0 mask
+    assert broadcast.stride(-1) == 0 or context == 1
+    assert torch.equal(kernel(query[:1], key[:1, :, :context], value[:1, :, :context], broadcast, 0.125), short)
+    torch.testing.assert_close(
+        together.float(), attention_cpu.reference(query, key, value, mask, 0.125).float(), atol=1e-2, rtol=1e-2
+    )
