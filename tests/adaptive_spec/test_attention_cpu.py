@@ -178,3 +178,19 @@ def test_a_short_rows_output_does_not_depend_on_the_caches_capacity(kernel, cont
     torch.testing.assert_close(
         together.float(), attention_cpu.reference(query, key, value, mask, 0.125).float(), atol=1e-2, rtol=1e-2
     )
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (6, 3), (8, 2), (5, 1), (9, 3)])
+def test_every_size_of_a_kv_group_is_scored_as_its_own_heads(kernel, heads, kv_heads) -> None:
+    """A query's heads sharing a kv head are scored in one pass over its keys, up to 4 heads at a time (a
+    group of 5: 4, then 1): each head's output is still its own attention, and bitwise its output when it
+    is the only head of its group."""
+    query, key, value, mask = inputs(torch.bfloat16, heads=heads, kv_heads=kv_heads, q=3)
+    out = kernel(query, key, value, mask, 0.125)
+    expected = attention_cpu.reference(query, key, value, mask, 0.125)
+    torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=1e-2)
+    groups = heads // kv_heads
+    for h in range(heads):
+        g = h // groups
+        alone = kernel(query[:, h : h + 1], key[:, g : g + 1], value[:, g : g + 1], mask, 0.125)
+        assert torch.equal(alone[:, :, 0], out[:, :, h]), f"head {h}"
