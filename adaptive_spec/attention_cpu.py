@@ -338,23 +338,22 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
         }
         for (int64_t h0 = g * groups; h0 < (g + 1) * groups; h0 += HEAD_BLOCK) {
           const int hn = static_cast<int>(std::min<int64_t>(HEAD_BLOCK, (g + 1) * groups - h0));
-          const float* w[HEAD_BLOCK];
           const float* qh[HEAD_BLOCK];
-          float* wout[HEAD_BLOCK];
+          float* w[HEAD_BLOCK];  // each head's scores, then its weights
           for (int h = 0; h < hn; ++h) {
             const T* qp = Q + b * qs[0] + (h0 + h) * qs[1] + i * qs[2];
             for (int64_t t = 0; t < d; ++t) qf[h * d + t] = static_cast<float>(qp[t * qs[3]]);
             qh[h] = qf.data() + h * d;
-            wout[h] = weights.data() + h * stride;
+            w[h] = weights.data() + h * stride;
           }
           switch (hn) {
-            case 1: score_heads<1>(qh, kt.data(), d, first, last, fscale, wout); break;
-            case 2: score_heads<2>(qh, kt.data(), d, first, last, fscale, wout); break;
-            case 3: score_heads<3>(qh, kt.data(), d, first, last, fscale, wout); break;
-            default: score_heads<4>(qh, kt.data(), d, first, last, fscale, wout); break;
+            case 1: score_heads<1>(qh, kt.data(), d, first, last, fscale, w); break;
+            case 2: score_heads<2>(qh, kt.data(), d, first, last, fscale, w); break;
+            case 3: score_heads<3>(qh, kt.data(), d, first, last, fscale, w); break;
+            default: score_heads<4>(qh, kt.data(), d, first, last, fscale, w); break;
           }
           for (int h = 0; h < hn; ++h) {
-            float* wh = wout[h];
+            float* wh = w[h];
             // the largest kept score, over 8 running maxima (one chain of dependent maxima was an eighth
             // of a batched step's attention); std::max(a, b) keeps a when b is NaN, so any grouping gives
             // the same top, and a top of +0 or -0 gives the same differences below
@@ -367,7 +366,6 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
             float top = tops[0];
             for (int u = 1; u < 8; ++u) top = std::max(top, tops[u]);
             for (int64_t j = first * KEYS; j < last * KEYS; ++j) wh[j] = exp_fixed(wh[j] - top);
-            w[h] = wh;
           }
           float total[HEAD_BLOCK];
           const T* vrow = V + b * vs[0] + g * vs[1];  // the values read in place (`direct`)
