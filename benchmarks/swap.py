@@ -87,8 +87,22 @@ def run_swap_bench(
     interval_s: float = 0.25,
     k: int | None = None,
 ) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="bench-swap-"))
-    paths = [write_random_adapter(engine, workdir / f"v{i}", rank, seed=i) for i in (1, 2)]
+    with tempfile.TemporaryDirectory(prefix="bench-swap-") as workdir:  # the two adapters, removed after
+        paths = [write_random_adapter(engine, Path(workdir) / f"v{i}", rank, seed=i) for i in (1, 2)]
+        return _swaps_under_traffic(engine, prompts, paths, swaps, clients, rank, max_new_tokens, interval_s, k)
+
+
+def _swaps_under_traffic(
+    engine,
+    prompts: list,
+    paths: list[Path],
+    swaps: int,
+    clients: int,
+    rank: int,
+    max_new_tokens: int,
+    interval_s: float,
+    k,
+) -> dict:
     size_mb = (paths[0] / WEIGHTS_FILE).stat().st_size / 1e6
     reference = [engine.generate(p, max_new_tokens=max_new_tokens, speculative=False).token_ids for p in prompts]
 
