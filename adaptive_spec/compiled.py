@@ -192,11 +192,21 @@ class CompiledStep:
 
 @contextlib.contextmanager
 def _progress():
-    """The first call compiles: a bar on stderr shows the time it has taken (the total is unknown:
-    minutes the first time on a machine, seconds when the cache has it), and the log says the end."""
+    """The first call compiles: on a terminal a bar on stderr shows the time it has taken (the total is
+    unknown: minutes the first time on a machine, seconds when the cache has it); elsewhere (a server's
+    log file, a container's output) the log says the start instead, where a bar redrawn every second
+    was a fragment a second on one long line. The log says the end either way."""
     started = time.perf_counter()
     done = threading.Event()
-    bar = tqdm(desc="compiling the decoding step", bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False)
+    bar = tqdm(
+        desc="compiling the decoding step",
+        bar_format="{desc}: {elapsed}",
+        file=sys.stderr,
+        leave=False,
+        disable=None,  # None: a terminal only
+    )
+    if bar.disable:
+        log.info("compiling the decoding step: minutes the first time on a machine, seconds once its cache has it")
 
     def tick() -> None:
         while not done.wait(1.0):
@@ -204,12 +214,14 @@ def _progress():
             bar.refresh()
 
     ticker = threading.Thread(target=tick, name="compile-progress", daemon=True)
-    ticker.start()
+    if not bar.disable:
+        ticker.start()
     try:
         yield
     finally:
         done.set()
-        ticker.join()
+        if ticker.is_alive():
+            ticker.join()
         bar.close()
         log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
 

@@ -10,6 +10,11 @@ equal the compiled target alone, row by row.
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
+import time
+
 import pytest
 import torch
 import torch._dynamo
@@ -215,6 +220,29 @@ def test_compiled_code_is_cached_in_the_data_directory_unless_the_user_chose_one
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     compiled.use_cache_dir(tmp_path / "fourth")
     assert cache_dir() == str(tmp_path / "fourth")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_compiling_shows_a_bar_on_a_terminal_and_two_log_lines_elsewhere(terminal, monkeypatch, caplog) -> None:
+    """Piped to a log file (a server under `up`, a container), the bar redrawn every second wrote a fragment a
+    second onto one line for the minutes a first compile takes; there the log says the start and the end."""
+    stderr = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with caplog.at_level(logging.INFO, logger=compiled.__name__), compiled._progress():
+        time.sleep(1.3)  # a tick of the bar
+    said = [record.getMessage() for record in caplog.records]
+    assert said[-1].startswith("compiled the decoding step in")
+    if terminal:
+        assert "compiling the decoding step: 00:01" in stderr.getvalue()
+        assert len(said) == 1
+    else:
+        assert stderr.getvalue() == ""
+        assert said[0].startswith("compiling the decoding step: minutes the first time") and len(said) == 2
 
 
 def test_cache_buffers_give_the_compiler_constant_heads_also_after_they_grow() -> None:
