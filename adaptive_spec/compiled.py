@@ -194,8 +194,8 @@ class CompiledStep:
 def _progress():
     """The first call compiles: on a terminal a bar on stderr shows the time it has taken (the total is
     unknown: minutes the first time on a machine, seconds when the cache has it); elsewhere (a server's
-    log file, a container's output) the log says the start instead, where a bar redrawn every second
-    was a fragment a second on one long line. The log says the end either way."""
+    log file, a container's output) stderr gets a line at the start and one at the end, where a bar
+    redrawn every second was a fragment a second on one long line. The log says the end either way."""
     started = time.perf_counter()
     done = threading.Event()
     bar = tqdm(
@@ -206,7 +206,11 @@ def _progress():
         disable=None,  # None: a terminal only
     )
     if bar.disable:
-        log.info("compiling the decoding step: minutes the first time on a machine, seconds once its cache has it")
+        print(
+            "compiling the decoding step: minutes the first time on a machine, seconds once its cache has it",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def tick() -> None:
         while not done.wait(1.0):
@@ -223,7 +227,10 @@ def _progress():
         if ticker.is_alive():
             ticker.join()
         bar.close()
-        log.info("compiled the decoding step in %.0f s", time.perf_counter() - started)
+        took = time.perf_counter() - started
+        if bar.disable:
+            print(f"compiled the decoding step in {took:.0f} s", file=sys.stderr, flush=True)
+        log.info("compiled the decoding step in %.0f s", took)
 
 
 _CACHE_SET: list[str | None] = [None]  # the inductor cache directory use_cache_dir last chose
