@@ -108,7 +108,11 @@ def _when_ready(settings: Settings, trainer: _Trainer | None, tracking_uri: str)
         time.sleep(0.5)
     if trainer is not None:
         trainer.start()
-    admin = "set" if settings.admin_token else "not set: /admin refuses everything until ADAPTIVE_SPEC_ADMIN_TOKEN is"
+    admin = (
+        "set"
+        if settings.admin_token
+        else "not set: /admin refuses every call (set ADAPTIVE_SPEC_ADMIN_TOKEN to use it)"
+    )
     _say(
         "\n"
         f'  chat        {base}/v1/chat/completions   (OpenAI-compatible; model "{settings.served_model_name or settings.target}")\n'
