@@ -101,7 +101,7 @@ def _swaps_under_traffic(
     rank: int,
     max_new_tokens: int,
     interval_s: float,
-    k,
+    k: int | None,
 ) -> dict:
     size_mb = (paths[0] / WEIGHTS_FILE).stat().st_size / 1e6
     reference = [engine.generate(p, max_new_tokens=max_new_tokens, speculative=False).token_ids for p in prompts]
