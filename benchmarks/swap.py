@@ -89,79 +89,65 @@ def run_swap_bench(
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as workdir:  # the two adapters, removed after
         paths = [write_random_adapter(engine, Path(workdir) / f"v{i}", rank, seed=i) for i in (1, 2)]
-        return _swaps_under_traffic(engine, prompts, paths, swaps, clients, rank, max_new_tokens, interval_s, k)
+        size_mb = (paths[0] / WEIGHTS_FILE).stat().st_size / 1e6
+        reference = [engine.generate(p, max_new_tokens=max_new_tokens, speculative=False).token_ids for p in prompts]
 
+        stop = threading.Event()
+        served, failed, mismatched = [0], [], []
+        lock = threading.Lock()
 
-def _swaps_under_traffic(
-    engine,
-    prompts: list,
-    paths: list[Path],
-    swaps: int,
-    clients: int,
-    rank: int,
-    max_new_tokens: int,
-    interval_s: float,
-    k: int | None,
-) -> dict:
-    size_mb = (paths[0] / WEIGHTS_FILE).stat().st_size / 1e6
-    reference = [engine.generate(p, max_new_tokens=max_new_tokens, speculative=False).token_ids for p in prompts]
-
-    stop = threading.Event()
-    served, failed, mismatched = [0], [], []
-    lock = threading.Lock()
-
-    def client(offset: int) -> None:
-        i = offset
-        while not stop.is_set():
-            index = i % len(prompts)
-            try:
-                out = engine.generate(prompts[index], max_new_tokens=max_new_tokens, k=k)
-            except Exception as exc:  # a failed request is the figure this measures
+        def client(offset: int) -> None:
+            i = offset
+            while not stop.is_set():
+                index = i % len(prompts)
+                try:
+                    out = engine.generate(prompts[index], max_new_tokens=max_new_tokens, k=k)
+                except Exception as exc:  # a failed request is the figure this measures
+                    with lock:
+                        failed.append(f"{type(exc).__name__}: {exc}")
+                    continue
                 with lock:
-                    failed.append(f"{type(exc).__name__}: {exc}")
-                continue
-            with lock:
-                served[0] += 1
-                if out.token_ids != reference[index]:
-                    mismatched.append(index)
-            i += 1
+                    served[0] += 1
+                    if out.token_ids != reference[index]:
+                        mismatched.append(index)
+                i += 1
 
-    threads = [threading.Thread(target=client, args=(c,), name=f"client-{c}", daemon=True) for c in range(clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    pauses, loads = [], []
-    try:
-        time.sleep(interval_s)
-        for n in range(swaps):
-            begun = time.perf_counter()
-            pauses.append(engine.load_adapter(paths[n % 2], str(n % 2 + 1)))
-            loads.append(time.perf_counter() - begun)
-            time.sleep(interval_s)
-    finally:
-        stop.set()
+        threads = [threading.Thread(target=client, args=(c,), name=f"client-{c}", daemon=True) for c in range(clients)]
+        started = time.perf_counter()
         for thread in threads:
-            thread.join()
-        engine.unload_adapter()
-    wall = time.perf_counter() - started
-    return {
-        "adapter_mb": size_mb,
-        "rank": rank,
-        "draft": engine.draft_id,
-        "swaps": len(pauses),
-        "pause_ms_max": max(pauses) * 1000,
-        "pause_ms_p50": statistics.median(pauses) * 1000,
-        "pause_ms_mean": statistics.fmean(pauses) * 1000,
-        "load_ms_p50": statistics.median(loads) * 1000,
-        "requests": served[0],
-        "failed": len(failed),
-        "failures": failed[:5],
-        "identical": not mismatched and served[0] > 0,
-        "clients": clients,
-        "max_new_tokens": max_new_tokens,
-        "wall_s": wall,
-        "passes": max(pauses) < PAUSE_BAR_S and not failed and not mismatched,
-    }
+            thread.start()
+        pauses, loads = [], []
+        try:
+            time.sleep(interval_s)
+            for n in range(swaps):
+                begun = time.perf_counter()
+                pauses.append(engine.load_adapter(paths[n % 2], str(n % 2 + 1)))
+                loads.append(time.perf_counter() - begun)
+                time.sleep(interval_s)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            engine.unload_adapter()
+        wall = time.perf_counter() - started
+        return {
+            "adapter_mb": size_mb,
+            "rank": rank,
+            "draft": engine.draft_id,
+            "swaps": len(pauses),
+            "pause_ms_max": max(pauses) * 1000,
+            "pause_ms_p50": statistics.median(pauses) * 1000,
+            "pause_ms_mean": statistics.fmean(pauses) * 1000,
+            "load_ms_p50": statistics.median(loads) * 1000,
+            "requests": served[0],
+            "failed": len(failed),
+            "failures": failed[:5],
+            "identical": not mismatched and served[0] > 0,
+            "clients": clients,
+            "max_new_tokens": max_new_tokens,
+            "wall_s": wall,
+            "passes": max(pauses) < PAUSE_BAR_S and not failed and not mismatched,
+        }
 
 
 def format_report(figures: dict) -> str:
