@@ -205,26 +205,26 @@ def _progress():
         leave=False,
         disable=None,  # None: a terminal only
     )
-    if bar.disable:
-        print(
-            "compiling the decoding step: minutes the first time on a machine, seconds once its cache has it",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def tick() -> None:
         while not done.wait(1.0):
             bar.update(0)
             bar.refresh()
 
-    ticker = threading.Thread(target=tick, name="compile-progress", daemon=True)
-    if not bar.disable:
+    ticker = None if bar.disable else threading.Thread(target=tick, name="compile-progress", daemon=True)
+    if ticker is None:
+        print(
+            "compiling the decoding step: minutes the first time on a machine, seconds once its cache has it",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
         ticker.start()
     try:
         yield
     finally:
         done.set()
-        if ticker.is_alive():
+        if ticker is not None:
             ticker.join()
         bar.close()
         took = time.perf_counter() - started
