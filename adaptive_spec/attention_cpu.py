@@ -277,7 +277,6 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
     // in place), in fp32
     std::vector<float> kt, vf(direct ? 0 : kv_len * d), qf(HEAD_BLOCK * d);
     std::vector<float> weights, acc(HEAD_BLOCK * d);
-    int64_t stride = 0;  // a head's span of `weights`
     std::vector<int64_t> keep(kv_len);
     int64_t converted = -1, ready = 0;  // kt and vf hold keys 0..ready-1 of the (row, kv head) `converted`
     for (int64_t task = begin; task < end; ++task) {
@@ -302,10 +301,8 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
         const int64_t first = kept ? keep[0] / KEYS : 0, last = kept ? keep[kept - 1] / KEYS + 1 : 0;
         // the scratch grows with the keys reached, not the capacity (it was zeroed whole at every call)
         if (static_cast<int64_t>(kt.size()) < last * d * KEYS) kt.resize(last * d * KEYS, 0.f);
-        if (stride < last * KEYS) {
-          stride = last * KEYS;
-          weights.resize(HEAD_BLOCK * stride);
-        }
+        if (static_cast<int64_t>(weights.size()) < HEAD_BLOCK * last * KEYS) weights.resize(HEAD_BLOCK * last * KEYS);
+        const int64_t stride = static_cast<int64_t>(weights.size()) / HEAD_BLOCK;  // a head's span of `weights`
         // Convert the keys this query's blocks reach, once per (row, kv head): a cache's spare
         // capacity past every query's context is never read (it was 2/3 of a batched step's work).
         for (const int64_t need = std::min(last * KEYS, kv_len); ready < need; ++ready) {
