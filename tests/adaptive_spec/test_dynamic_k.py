@@ -279,6 +279,24 @@ def test_a_draft_accepted_only_at_its_first_position_drafts_one_token() -> None:
     assert policy.profile_for(("sql", None), 0.4) == 0.4  # a key with nothing measured: its alpha alone
 
 
+def test_a_row_that_met_early_rejections_still_drafts_by_its_key() -> None:
+    """A row's own running estimate falls by 30% at one rejection. When it scaled the key's profile, a row
+    that met two rejections drafted one token or none, and plain steps brought no evidence to climb back
+    (17-19% of a trained head's steps at one user, 10% of its speed): the row now drafts by its key."""
+    policy = head_policy()
+    key = ("python", "9")
+    for step in range(300):  # the key: 4 in 5 first tokens kept, then 0.85 at each further position
+        accepted = 0 if step % 5 == 0 else (3 if step % 3 else 1)
+        policy.observe_row(0.5, 3, accepted, key)
+    row = policy.alpha_for(key)
+    for _ in range(2):  # this row's first two drafts: rejected at once
+        row = policy.observe_row(row, 3, 0, key)
+    assert row < 0.5 * policy.alpha_for(key)
+    profile = policy.profile_for(key, row)
+    assert profile == policy.profile_for(key, policy.alpha_for(key))
+    assert policy.choose([profile], [8]) >= 2
+
+
 # --- probing --------------------------------------------------------------------------------------
 
 
