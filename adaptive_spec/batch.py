@@ -66,7 +66,7 @@ class Row:
 
     request: Request
     slot: int  # the row's index in the batch's caches (rows stay packed: it moves when others leave)
-    alpha: float  # this row's acceptance estimate of its model draft, for dynamic k
+    alpha: float  # where the row starts (DynamicK.alpha_for); it drafts by its key's profile once that is measured
     ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
     stats: RequestStats
     trace: Trace
@@ -284,7 +284,7 @@ class Batch:
     def adapters_changed(self) -> None:
         """The engine's adapters changed (a swap, a rollback, an eviction): each row drafts with what
         its domain now maps to. A row whose adapter changed forgets its draft cache (its keys and
-        values came from other weights) and starts its acceptance estimate again."""
+        values came from other weights) and drafts by its new key's figures (for a new version: its gated one)."""
         for row in self.rows:
             adapter = self.engine.adapters.for_domain(row.request.domain)
             if adapter is row.adapter:
@@ -525,7 +525,7 @@ class Batch:
         if proposal.free:
             row.free_alpha = self.engine.policy.observe_free(row.free_alpha, own, kept, row.key)
         else:
-            row.alpha = self.engine.policy.observe_row(row.alpha, own, kept, row.key)
+            self.engine.policy.observe_row(row.alpha, own, kept, row.key)  # into the key's figures, which it drafts by
         if row.finish is None:
             return Chunk(emitted)
         return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))

@@ -77,13 +77,19 @@ what the trainer's gate measured for the adapter, else the engine-wide estimate.
 accepts goes into its key's figures, which its next steps and the key's next rows draft by. A
 batch whose rows all come from a domain that does not pay decodes plainly, and is probed now and
 then. The costs belong to the hardware and the model pair and persist across requests.
+A draft that gets better is a new adapter version, so a new key, which starts from the figure
+the trainer's gate measured for it.
 
 Rows used to scale their key's profile by a running estimate of their own, which fell by 30% at a
 single rejection. A row that met two or three rejections early then drafted one or two tokens,
 or none, and a plain step brings no evidence to climb back with: with the head trained on python
 (one user, 24 held-out prompts x 64 tokens, 2026-11-29), 17-19% of the steps that could draft did
 not, and the key's profile alone ran 153.6 tok/s against 139.4 (three rounds in turns, ahead in each;
-mean acceptance length 2.8-3.0 against 2.5-2.6).
+mean acceptance length 2.8-3.0 against 2.5-2.6). The price: a hard request in a key whose drafts pay
+drafts as deep as the key's others (its rejections pull the key's window down for all of them), and an
+easy one in a key that does not pay waits for the probes. A row estimate anchored on its key (a Beta
+posterior with the key's figure worth 16 trials) kept some of that and measured 150.4 tok/s in the
+same rounds; a candidate once mixed traffic is measured.
 """
 
 from __future__ import annotations
@@ -417,13 +423,13 @@ class DynamicK:
             self.draft.observe(draft_rows, draft_s / draft_forwards)
 
     def observe_row(self, alpha: float, k: int, num_accepted: int, key=None) -> float:
-        """A row of `key` drafted k and num_accepted were kept: its new acceptance estimate, which
-        `profile_for` goes by only while the key has no positions measured (a key with none yet).
+        """A row of `key` drafted k and num_accepted were kept: the key's figures (and the engine's)
+        take the step in. Returns a running estimate for the row alone (from alpha 0.05, two
+        accepted one-token probes give 0.34, then 0.54), which the engine does not draft by: its rows
+        draft by their key's profile (`profile_for`; the module's docstring says why).
 
         The step is evidence on num_accepted successes and, if one was rejected, a failure.
-        The row's own estimate is weighted so that a draft which got better is noticed within a
-        few probes: from alpha 0.05, two accepted one-token probes give 0.34, then 0.54, and
-        k = 1 pays. The key's estimate, where its next rows start, is the share accepted over the
+        The key's estimate, where its rows draft from, is the share accepted over the
         last `window` drafted tokens, with its starting figure counted as `prior_trials` tokens:
         a draft that misses is believed after a dozen tokens, not after a hundred (an untrained
         draft then stops drafting in the first request or two, not the first dozen).
