@@ -91,16 +91,22 @@ def serving_settings(args) -> Settings:
 def cmd_up(args) -> int:
     from cli.up import run_up
     from launch.redis import RedisStartError
+    from service.server import StoppedWhileLoading, exit_now
 
     logging.getLogger("service").setLevel(logging.INFO)
     try:
         return run_up(serving_settings(args), trainer=not args.no_trainer)
     except RedisStartError as exc:
         raise CommandError(str(exc)) from None
+    except StoppedWhileLoading as exc:  # run_up stopped Redis on the way out; the load is not waited for
+        exit_now(0, str(exc))
 
 
 def cmd_serve(args) -> int:
-    from service.server import run
+    from service.server import StoppedWhileLoading, exit_now, run
 
-    run(serving_settings(args))
+    try:
+        run(serving_settings(args))
+    except StoppedWhileLoading as exc:
+        exit_now(0, str(exc))
     return 0

@@ -17,7 +17,9 @@ What it starts, in order, and stops in reverse on Ctrl-C or SIGTERM:
 On a signal the server drains the requests in flight (uvicorn, then the engine queue), then
 the trainer gets SIGTERM (it checkpoints and exits; SIGKILL after `TRAINER_STOP_S`), then
 Redis is stopped by its pid. Children run in their own sessions, so a Ctrl-C in the terminal
-reaches only this process, which stops them in that order.
+reaches only this process, which stops them in that order. A signal while the models still load
+(the first compile takes minutes) stops Redis at once and ends the process without waiting for the
+load (service/server.py `StoppedWhileLoading`).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def run_up(settings: Settings, *, trainer: bool = True, trainer_threads: int = 1
         from service.server import run
 
         threading.Thread(target=_when_ready, args=(settings, child, tracking_uri), daemon=True).start()
-        run(settings)  # returns after a graceful shutdown on SIGINT / SIGTERM
+        run(settings)  # returns after a graceful shutdown on SIGINT / SIGTERM (raises if one came while loading)
         return 0
     except SystemExit as exc:  # uvicorn exits when it cannot bind the port
         return exc.code if isinstance(exc.code, int) else 1

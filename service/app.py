@@ -10,6 +10,10 @@ passed in, as the tests do with a tiny model. Routes live in `service/routers/`.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,6 +25,8 @@ from service.routers import admin, dashboard, openai, ops
 from service.runtime import Service
 from service.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     """The app. `engine` (an `adaptive_spec.Engine`) skips loading models from `settings`."""
@@ -28,11 +34,12 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.service = await run_in_threadpool(Service.start, settings, engine)
+        app.state.service = await _started(app, settings, engine)
         try:
             yield
         finally:
-            await run_in_threadpool(app.state.service.stop)
+            if app.state.service is not None:
+                await run_in_threadpool(app.state.service.stop)
 
     app = FastAPI(
         title="adaptive-spec",
@@ -41,6 +48,8 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.service = None
+    app.state.stop_requested = lambda: False  # service/server.py: whether a signal asked uvicorn to stop
+    app.state.stopped_while_loading = False
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
     app.include_router(openai.router)
@@ -48,3 +57,29 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     app.include_router(admin.router)
     dashboard.install(app)
     return app
+
+
+async def _started(app: FastAPI, settings: Settings, engine) -> Service | None:
+    """`Service.start` (loading the models: minutes while the step first compiles), or None when a signal
+    asks the server to stop before it is done (`app.state.stopped_while_loading` then says so).
+
+    The load runs in a daemon thread and is polled, so a SIGTERM or Ctrl-C during it is acted on now, not
+    after the compile. The loading itself cannot be stopped (torch's work on the engine thread); whoever
+    started the server ends the process without waiting for it (service/server.py `StoppedWhileLoading`)."""
+    loading: Future = Future()
+
+    def load() -> None:
+        try:
+            loading.set_result(Service.start(settings, engine))
+        except BaseException as exc:  # handed to the lifespan, which fails the startup with it as before
+            loading.set_exception(exc)
+
+    threading.Thread(target=load, name="service-start", daemon=True).start()
+    waiting = asyncio.wrap_future(loading)
+    while not waiting.done():
+        if app.state.stop_requested():
+            app.state.stopped_while_loading = True
+            log.warning("asked to stop while the models were loading: not serving")
+            return None
+        await asyncio.wait({waiting}, timeout=0.2)
+    return waiting.result()

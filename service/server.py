@@ -5,14 +5,19 @@
 
 On a signal uvicorn stops accepting connections and waits up to `drain_timeout_s` for the
 requests in flight; then the lifespan drains the engine queue and closes the correction-log
-writer (service/runtime.py).
+writer (service/runtime.py). A signal while the models still load (minutes while the step first
+compiles) stops the server at once: `run` raises `StoppedWhileLoading`, and the command ends the
+process with `exit_now` once its own cleanup is done, without waiting for the load.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
+from typing import NoReturn
 
 import uvicorn
 
@@ -26,8 +31,9 @@ def run(settings: Settings, engine=None) -> None:
     """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0)."""
     for warning in settings.warnings():  # what the configuration leaves open, said before anything loads
         log.warning(warning)
+    app = create_app(settings, engine)
     config = uvicorn.Config(
-        create_app(settings, engine),
+        app,
         host=settings.host,
         port=settings.port,
         timeout_graceful_shutdown=settings.drain_timeout_s,
@@ -38,11 +44,31 @@ def run(settings: Settings, engine=None) -> None:
     # Python's default) or unwind it as an error (with the CLI's), so it is a no-op here.
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _after_shutdown) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    server = uvicorn.Server(config)
+    app.state.stop_requested = lambda: server.should_exit  # the lifespan stops waiting for the load
     try:
-        uvicorn.Server(config).run()
+        server.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if app.state.stopped_while_loading:
+        raise StoppedWhileLoading("stopped while the models were loading: nothing was served")
+
+
+class StoppedWhileLoading(Exception):
+    """A signal came while the models were loading. The server never served; the thread loading them
+    cannot be stopped and Python would wait for it at exit (minutes, while the step compiles), so the
+    command ends the process with `exit_now` after its own cleanup (`up` stops Redis first)."""
+
+
+def exit_now(code: int, message: str) -> NoReturn:
+    """Say `message`, then end the process at once: no waiting for threads still at work (a model
+    loading). What was logged or printed is flushed first."""
+    print(f"adaptive-spec: {message}", file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _after_shutdown(signum, frame) -> None:
@@ -51,4 +77,7 @@ def _after_shutdown(signum, frame) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(Settings.from_env())
+    try:
+        run(Settings.from_env())
+    except StoppedWhileLoading as exc:
+        exit_now(0, str(exc))

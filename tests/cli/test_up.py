@@ -99,3 +99,64 @@ def test_up_starts_everything_serves_and_stops_what_it_started(tiny_model_dir, t
         for pid in (redis_pid, trainer_pid):  # children run in their own sessions: by pid, if a check failed
             if pid is not None and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# The model load as the command runs it, made to take ten minutes (the first compile takes minutes): the
+# engine thread that runs it is one Python waits for at exit, so only an exit that does not wait is prompt.
+SLOW_LOAD = """
+import sys, time
+from adaptive_spec.engine import Engine
+
+def slow(cls, *args, **kwargs):
+    print("loading slowly", flush=True)
+    time.sleep(600)
+    raise RuntimeError("a load nobody should have waited for")
+
+Engine.from_pretrained = classmethod(slow)
+from cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["up", "serve"])
+def test_a_signal_while_the_models_load_stops_at_once(tiny_model_dir, tmp_path, command):
+    """SIGTERM during the load used to wait for it to end (uvicorn acts on signals once its startup is
+    done): a k8s rollout or a Ctrl-C waited minutes for a compile nobody wanted. Now the command stops at
+    once, exit 0, `up` stopping its Redis on the way out."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MLFLOW_TRACKING_URI")}
+    env.update(OMP_NUM_THREADS="1")
+    log = tmp_path / f"{command}.log"
+    args = [command, "--port", str(port), "--target", str(tiny_model_dir), "--draft", "early-exit:1"]
+    if command == "up":
+        args += ["--data-dir", str(tmp_path / "data")]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SLOW_LOAD, *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    redis_pid = None
+    try:
+        if command == "up":
+            redis_pid = int(_wait_for(log, r"started redis-server on \S+ \(pid (\d+)", process, 60).group(1))
+        _wait_for(log, "loading slowly", process, 60)
+        time.sleep(1.0)  # well inside the load
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0, log.read_text()[-3000:]
+        assert time.monotonic() - stopped < 15, "the command waited for the load"
+        text = log.read_text()
+        assert "stopped while the models were loading" in text, text[-3000:]
+        assert "a load nobody should have waited for" not in text
+        if command == "up":
+            assert "stopped redis-server" in text
+            assert not _alive(redis_pid), "up left its Redis running"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        if redis_pid is not None and _alive(redis_pid):
+            os.kill(redis_pid, signal.SIGKILL)
