@@ -444,12 +444,14 @@ def build(name: str, source: str, functions: list[str], build_dir: Path | str | 
     OpenMP for ATen's parallel_for, and no fused multiply-add the source did not write
     (-ffp-contract=off, which the kernels' fixed reduction orders rely on). Raises if it cannot.
 
-    Each extension builds in a directory of its own under `build_dir` (`build_dir/name`): torch writes
+    Each extension builds in a directory of its own under `build_dir` (`build_dir/name`, resolved): torch writes
     an extension's main.cpp and build.ninja into its build directory, so two extensions sharing one
     overwrote each other's and each start rebuilt both, about 18 s each on 2 cores."""
     from torch.utils.cpp_extension import load_inline
 
-    directory = Path(build_dir) / name if build_dir is not None else None
+    # Resolved: the build files name the directory, so reaching one cache by two paths (a benchmark's server
+    # links its data directory's compile/ to the invoker's) rebuilt the extension at each change of path.
+    directory = Path(build_dir).resolve() / name if build_dir is not None else None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
     return load_inline(
