@@ -68,11 +68,17 @@ Building takes about 20 s once per machine (cached in `build_dir`).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from adaptive_spec.options import CoreSettings
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: torch's own lock file is all there is
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -454,15 +460,37 @@ def build(name: str, source: str, functions: list[str], build_dir: Path | str | 
     directory = Path(build_dir).resolve() / name if build_dir is not None else None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
-    return load_inline(
-        name=name,
-        cpp_sources=source,
-        functions=functions,
-        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *flags],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory) if directory is not None else None,
-        verbose=False,
-    )
+    with _sole_builder(directory):
+        return load_inline(
+            name=name,
+            cpp_sources=source,
+            functions=functions,
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *flags],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory) if directory is not None else None,
+            verbose=False,
+        )
+
+
+@contextmanager
+def _sole_builder(directory: Path | None):
+    """Hold an exclusive lock on `directory/.builder` while torch builds or loads the extension there, and
+    remove a `lock` file left behind by a builder that died.
+
+    torch takes turns through a `lock` file it creates and deletes when done; a process ended mid-build
+    (`serve` stopped while its models load ends with os._exit) left it, and every later start waited for
+    it forever. The kernel releases this lock when its holder dies, so whoever holds it knows that a
+    `lock` file it finds is stale."""
+    if directory is None or fcntl is None:
+        yield
+        return
+    with open(directory / ".builder", "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # waits while another live process builds here
+        stale = directory / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a build that did not finish", stale)
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def reference(query, key, value, mask, scale) -> torch.Tensor:

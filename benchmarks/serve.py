@@ -265,15 +265,20 @@ SHARED_CACHES = ("compile", "models")  # what a benchmark's servers take from th
 def share_caches(data_dir: Path, shared: Path) -> None:
     """Link a server's compiled code and converted models to `shared`'s. In a data directory of its own each
     server converted the model and compiled the step again (about 2 minutes a server on 2 cores); what it
-    measures does not change, only how long it takes to start. The servers start one after another, each
-    after the previous answers /health, so none writes the cache while another compiles from it."""
+    measures does not change, only how long it takes to start. A run's servers start one after another;
+    processes that share the caches otherwise (two runs at once, an `up` on the same directory) take turns
+    as for any one data directory (a model is converted aside and renamed, torch locks its builds).
+    Where `shared` cannot be written, the server keeps caches of its own."""
     for name in SHARED_CACHES:
         link = data_dir / name
         if link.exists() or link.is_symlink():
             continue
         source = (shared / name).resolve()
-        source.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(source, target_is_directory=True)
+        try:
+            source.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(source, target_is_directory=True)
+        except OSError as exc:
+            print(f"bench-serve: the server compiles on its own: {source} cannot be shared ({exc})", file=sys.stderr)
 
 
 def _speculative(config: str) -> bool:

@@ -65,21 +65,32 @@ async def _started(app: FastAPI, settings: Settings, engine) -> Service | None:
 
     The load runs in a daemon thread and is polled, so a SIGTERM or Ctrl-C during it is acted on now, not
     after the compile. The loading itself cannot be stopped (torch's work on the engine thread); whoever
-    started the server ends the process without waiting for it (service/server.py `StoppedWhileLoading`)."""
+    started the server ends the process without waiting for it (service/server.py `StoppedWhileLoading`).
+    A load that ends after the server gave up on it stops the service it started."""
     loading: Future = Future()
+    verdict = threading.Lock()  # the load's end and the decision to give up on it, one before the other
 
     def load() -> None:
         try:
-            loading.set_result(Service.start(settings, engine))
+            service = Service.start(settings, engine)
         except BaseException as exc:  # handed to the lifespan, which fails the startup with it as before
             loading.set_exception(exc)
+            return
+        with verdict:
+            abandoned = app.state.stopped_while_loading
+            if not abandoned:
+                loading.set_result(service)
+        if abandoned:
+            service.stop()
 
     threading.Thread(target=load, name="service-start", daemon=True).start()
     waiting = asyncio.wrap_future(loading)
-    while not waiting.done():
-        if app.state.stop_requested():
-            app.state.stopped_while_loading = True
-            log.warning("asked to stop while the models were loading: not serving")
-            return None
+    while True:
+        with verdict:
+            if loading.done():
+                return loading.result()
+            if app.state.stop_requested():
+                app.state.stopped_while_loading = True
+                log.warning("asked to stop while the models were loading: not serving")
+                return None
         await asyncio.wait({waiting}, timeout=0.2)
-    return waiting.result()

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def run(settings: Settings, engine=None) -> None:
-    """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0)."""
+    """Serve on settings.host:settings.port; returns after a graceful shutdown (exit status 0). Raises
+    `StoppedWhileLoading` when a signal came while the models were loading."""
     for warning in settings.warnings():  # what the configuration leaves open, said before anything loads
         log.warning(warning)
     app = create_app(settings, engine)
@@ -48,6 +49,10 @@ def run(settings: Settings, engine=None) -> None:
     app.state.stop_requested = lambda: server.should_exit  # the lifespan stops waiting for the load
     try:
         server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind the port, which it tries even after giving up the load
+        if app.state.stopped_while_loading:
+            raise StoppedWhileLoading("stopped while the models were loading: nothing was served") from None
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -194,3 +194,21 @@ def test_every_size_of_a_kv_group_is_scored_as_its_own_heads(kernel, heads, kv_h
         g = h // groups
         alone = kernel(query[:, h : h + 1], key[:, g : g + 1], value[:, g : g + 1], mask, 0.125)
         assert torch.equal(alone[:, :, 0], out[:, :, h]), f"head {h}"
+
+
+def test_a_lock_left_by_a_build_that_died_does_not_stop_the_next_start(kernel, extensions_dir):
+    """torch takes turns building through a `lock` file it deletes when done. A process ended mid-build
+    (`serve` stopped while its models load exits with os._exit) left it, and every later start waited for
+    it forever. Now whoever holds the directory's `.builder` lock (the kernel drops it when its holder
+    dies) removes a `lock` it finds. In a process of its own, as a next start would be."""
+    directory = extensions_dir / "adaptive_spec_attention_cpu"
+    (directory / "lock").touch()  # what a builder killed mid-build leaves
+    script = f"""
+from pathlib import Path
+from adaptive_spec import attention_cpu
+attention_cpu.build_attention(Path({str(extensions_dir)!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "left by a build that did not finish" in done.stderr
+    assert not (directory / "lock").exists()

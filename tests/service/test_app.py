@@ -668,3 +668,40 @@ def test_the_models_load_on_the_thread_that_decodes(live_server, tmp_path):
         response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert response.status_code == 200
         assert stepped_on == {service.engine._home_thread} != {threading.get_ident()}
+
+
+def test_a_server_stopped_while_loading_gives_up_the_load_and_stops_what_it_started(monkeypatch):
+    """A signal during the load (service/server.py wires `stop_requested` to uvicorn's): the lifespan
+    gives up at once, serving nothing, and a load that ends later stops the service it started instead of
+    leaving its threads running."""
+    from service import app as app_module  # the module whose Service.start the lifespan calls
+
+    release, stopped = threading.Event(), threading.Event()
+
+    class Started:
+        def stop(self):
+            stopped.set()
+
+    def slow_start(settings, engine):
+        release.wait(30)
+        return Started()
+
+    monkeypatch.setattr(app_module.Service, "start", staticmethod(slow_start))
+    app = app_module.create_app(Settings())
+    asked = threading.Event()
+    app.state.stop_requested = asked.is_set
+
+    async def startup_then_signal():
+        started = time.monotonic()
+        task = asyncio.ensure_future(app.router.lifespan_context(app).__aenter__())
+        await asyncio.sleep(0.5)
+        assert not task.done()  # still loading
+        asked.set()
+        await asyncio.wait_for(task, 5)
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(startup_then_signal())
+    assert elapsed < 3 and app.state.stopped_while_loading and app.state.service is None
+    assert not stopped.is_set()
+    release.set()  # the load ends after the server gave up on it
+    assert stopped.wait(5), "the service started by the abandoned load kept running"
