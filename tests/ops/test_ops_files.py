@@ -133,6 +133,10 @@ def test_the_files_describe_the_fleet_the_fleet_test_runs():
         c for c in deployments["app"]["spec"]["template"]["spec"]["containers"] if c["name"] == "adaptive-spec"
     )
     assert sidecar["readinessProbe"]["httpGet"]["path"] == sidecar["livenessProbe"]["httpGet"]["path"] == HEALTH_PATH
+    # A first start compiles for minutes: liveness must not restart it (a startup probe holds it off that long).
+    startup = sidecar["startupProbe"]
+    assert startup["httpGet"]["path"] == HEALTH_PATH and startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    assert int(services["adaptive-spec"]["healthcheck"]["start_period"].rstrip("s")) >= 600
     mlflow = deployments["mlflow"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert mlflow[:2] == ["mlflow", "server"] and deployments["redis"]["spec"]["replicas"] == 1
 
