@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -142,6 +143,28 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     return model, tokenizer
 
 
+STALE_CONVERSION_S = 3600.0  # a conversion takes about 20 s: a temporary directory this old has no writer left
+
+
+def remove_stale_conversions(cache_root: Path, now: float | None = None) -> list[Path]:
+    """Delete the `.tmp-*` directories of conversions that never finished, each an fp32 copy of a model
+    (about 540 MB for the default): a process killed mid-way, or `serve` stopped while its models load,
+    which ends with os._exit. Only those untouched for `STALE_CONVERSION_S`, so a conversion under way in
+    another process keeps its own. Returns what was removed."""
+    cutoff = (time.time() if now is None else now) - STALE_CONVERSION_S
+    removed = []
+    for stale in cache_root.glob(".tmp-*"):
+        try:
+            if not stale.is_dir() or stale.stat().st_mtime >= cutoff:
+                continue
+        except OSError:  # gone meanwhile
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+        log.warning("removed %s, left by a conversion that did not finish", stale)
+        removed.append(stale)
+    return removed
+
+
 def _gguf_as_safetensors(gguf: Path, cache_root: Path) -> Path:
     """Dequantize a GGUF file once into a safetensors directory and return that directory.
 
@@ -158,6 +181,7 @@ def _gguf_as_safetensors(gguf: Path, cache_root: Path) -> Path:
         return target
     log.warning("converting %s to safetensors once (about 20 s); cached in %s", gguf.name, target)
     cache_root.mkdir(parents=True, exist_ok=True)
+    remove_stale_conversions(cache_root)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_root))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

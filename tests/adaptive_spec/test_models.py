@@ -1,5 +1,7 @@
 """Loading by name: local directories, errors, device and dtype (the default model: test_real_model)."""
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,15 @@ import torch
 from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.models import ModelLoadError, native_bf16, resolve_device, resolve_dtype, serving_dtype
+from adaptive_spec.models import (
+    STALE_CONVERSION_S,
+    ModelLoadError,
+    native_bf16,
+    remove_stale_conversions,
+    resolve_device,
+    resolve_dtype,
+    serving_dtype,
+)
 
 
 def test_a_local_directory_loads_as_target_and_as_separate_draft(tmp_path):
@@ -48,3 +58,19 @@ def test_serving_dtype_auto_is_bf16_where_the_cpu_computes_it_natively():
     assert serving_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
     assert serving_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert serving_dtype("fp32", cpu) == torch.float32 and serving_dtype("bf16", cpu) == torch.bfloat16
+
+
+def test_conversions_that_never_finished_are_removed_and_one_under_way_is_not(tmp_path):
+    """A conversion writes its fp32 copy under `.tmp-*` and renames it when done; a process ended mid-way
+    (`serve` stopped while its models load exits with os._exit) left that copy for good. The next
+    conversion removes those untouched for an hour, and nothing else."""
+    now = time.time()
+    stale, under_way, finished = tmp_path / ".tmp-dead", tmp_path / ".tmp-busy", tmp_path / "model-0123456789ab"
+    for directory in (stale, under_way, finished):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(b"weights")
+    old = now - STALE_CONVERSION_S - 60
+    for directory in (stale, finished):
+        os.utime(directory, (old, old))
+    assert remove_stale_conversions(tmp_path, now) == [stale]
+    assert not stale.exists() and under_way.is_dir() and finished.is_dir()
