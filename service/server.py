@@ -50,9 +50,8 @@ def run(settings: Settings, engine=None) -> None:
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind the port, which it tries even after giving up the load
-        if app.state.stopped_while_loading:
-            raise StoppedWhileLoading("stopped while the models were loading: nothing was served") from None
-        raise
+        if not app.state.stopped_while_loading:
+            raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
