@@ -109,6 +109,8 @@ class Engine:
         self._exactness: exact.InvarianceReport | None = None
         if invariant:  # measured now (and compiled on the way): never claim exactness it does not have
             self._exactness = exact.make_exact(self.target)
+        if compile and self.drafter is not None:
+            self.drafter.compile()  # its draft steps (a head's); the target's check above may change its kernels
         # Prompts' cached prefixes, where a prefill split anywhere was measured to give the same bits
         # (prefix_cache.py); eager fp32 keeps per-shape kernels, so it computes every prompt whole.
         megabytes = CoreSettings.from_env().prefix_cache_mb if prefix_cache_mb is None else prefix_cache_mb

@@ -224,15 +224,24 @@ class BatchCache:
             values[self._token_rows, :, self._token_positions] = value_states.transpose(1, 2).reshape(-1, heads, dim)
             return keys[:n], values[:n]
         kv_len = self._kv_len
+        if isinstance(self._active, slice):
+            rows = torch.arange(self._active.start, self._active.stop, device=self.device)
+        else:
+            rows = self._active
+        # [n, fed, kv_heads, head_dim] written at (row, :, position, :), one flat (row, position) pair per fed
+        # token: indices broadcast from [n, 1] and [n, fed] made a compiled draft's graph specialise on 1 row
+        # and on 1 token (HeadDrafter.compile)
+        n, heads, fed, dim = key_states.shape
+        written_rows = rows.repeat_interleave(fed)
+        if self._positions is None:
+            raise RuntimeError("a cache's update before its inputs(): nothing says where the fed tokens go")
+        written_positions = self._positions.reshape(-1)
         out = []
         for buffers, states in ((self.keys, key_states), (self.values, value_states)):
             buffer = _present(buffers[layer_idx])
-            if isinstance(self._active, slice):
-                rows = torch.arange(self._active.start, self._active.stop, device=self.device)
-            else:
-                rows = self._active
-            # [n, fed, kv_heads, head_dim] written at (row, :, position, :)
-            buffer[rows[:, None], :, self._positions] = states.transpose(1, 2).to(buffer.dtype)
+            buffer[written_rows, :, written_positions] = (
+                states.transpose(1, 2).reshape(n * fed, heads, dim).to(buffer.dtype)
+            )
             out.append(buffer[self._active, :, :kv_len])
         return out[0], out[1]
 

@@ -150,6 +150,10 @@ class Drafter:
         """The modules that run the draft's forwards (the engine installs its kernels on them)."""
         return []
 
+    def compile(self) -> None:
+        """Run the draft's forwards compiled from now on, where the draft has a compiled path (the engine
+        calls this when it compiles the target's step); by default they stay eager."""
+
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]):
         """An adapter version's weights, ready to decode with (AdapterError if they do not fit)."""
         from adaptive_spec.adapters import AdapterError

@@ -50,6 +50,9 @@ class FreeFirstDrafter(Drafter):
     def models(self):
         return self.model.models()
 
+    def compile(self):
+        self.model.compile()
+
     def on_prefill(self, row, hidden):
         self.model.on_prefill(row, hidden)
 

@@ -30,19 +30,20 @@ from __future__ import annotations
 import copy
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-from adaptive_spec import exact, kv
+from adaptive_spec import compiled, exact, kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.tree import TOPK, RowTree
 from adaptive_spec.drafters.vocab import DraftVocab
 
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
+COMPILED_FEED_MAX = 64  # tokens (rows x width) a compiled head forward takes; a prompt's catch-up runs eager
 _FUSE_KEY = re.compile(r"^(?:base_model\.model\.)?fuse(?:\.modules_to_save\.[^.]+)?\.weight$")
 
 
@@ -126,6 +127,11 @@ class DraftHead(nn.Module):
         return self.shared.lm_head(self.shared.norm(states))
 
 
+def _head_forward(head: DraftHead, ids, features, positions, mask, cache) -> torch.Tensor:
+    """What HeadDrafter.compile compiles: the head version is an argument, so its weights are the graph's inputs."""
+    return head(ids, features, positions, mask, cache)
+
+
 class Features:
     """A row's target hidden states by position, `[positions, hidden]`, grown by appending.
 
@@ -179,6 +185,21 @@ class HeadDrafter(Drafter):
         self.name = name
         self.device = next(self.head.parameters()).device
         self.vocab = self.new_vocab()
+        self._compiled: Callable | None = None  # the head's forward through compiled.draft_forward, once compile() ran
+
+    def compile(self) -> None:
+        """Run the draft steps' forwards compiled from now on, every head version through the same code, and
+        compile now, not in the first request's step: a feed of 2 tokens, then one of 1 (a single fed token
+        gets a graph of its own; one graph serves every other number of rows and tokens,
+        tests/adaptive_spec/test_compiled.py). Prompts' catch-ups of more than COMPILED_FEED_MAX tokens stay
+        eager, where the compiled products, made for few rows, would be slower."""
+        self._compiled = compiled.draft_forward(_head_forward)
+        cache = self.new_cache()
+        slot = cache.add_row()
+        zeros = torch.zeros(2, self.head.config.hidden_size, dtype=self.head.fuse.weight.dtype, device=self.device)
+        with torch.inference_mode():
+            self._feed(self.head, cache, [slot], [[0, 0]], [zeros])
+            self._feed(self.head, cache, [slot], [[0]], [zeros[:1]])
 
     def new_cache(self) -> kv.BatchCache:
         cache = kv.BatchCache(1, self.device)
@@ -268,8 +289,8 @@ class HeadDrafter(Drafter):
                 slots = [rows[i].slot for i in live]
                 predicted = self._feed(head, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live])
                 logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
-                for j, i in enumerate(live):
-                    token, row_probs = vocab.choose(logits[j], rows[i], drafted[i])
+                choices = vocab.choose_rows(logits, [rows[i] for i in live], [drafted[i] for i in live])
+                for j, (i, (token, row_probs)) in enumerate(zip(live, choices, strict=True)):
                     if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                         ks[i] = len(drafted[i])
                         continue
@@ -361,8 +382,14 @@ class HeadDrafter(Drafter):
         features = torch.zeros(len(tokens), width, hidden, dtype=states[0].dtype, device=self.device)
         for i, row_states in enumerate(states):
             features[i, width - len(row_states) :] = row_states
+        forward = self._compiled if len(tokens) * width <= COMPILED_FEED_MAX else None
+        if forward is not None and cache.keys[0] is None:
+            cache.allocate_for(head)  # not inside the graph (kv.BatchCache.allocate_for)
         positions, mask = cache.inputs(slots, fed, width, trees=trees)
-        predicted = head(ids, features, positions, mask, cache)  # [n, width, hidden]
+        if forward is not None:
+            predicted = forward(head, ids, features, positions, mask, cache)  # [n, width, hidden]
+        else:
+            predicted = head(ids, features, positions, mask, cache)
         for slot, n in zip(slots, fed, strict=True):
             cache.set_length(slot, cache.lengths[slot] + n)
         return predicted if trees is not None else predicted[:, -1]

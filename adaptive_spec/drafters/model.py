@@ -93,8 +93,8 @@ class ModelDrafter(Drafter):
                         feeds[i] = feeds[i][-1:]
                 while live := [i for i in group if len(tokens[i]) < ks[i]]:
                     logits = self._next_logits(vocab, cache, [rows[i].slot for i in live], [feeds[i] for i in live])
-                    for j, i in enumerate(live):  # logits: [n, n_vocab]
-                        token, row_probs = vocab.choose(logits[j], rows[i], tokens[i])
+                    choices = vocab.choose_rows(logits, [rows[i] for i in live], [tokens[i] for i in live])
+                    for i, (token, row_probs) in zip(live, choices, strict=True):  # logits: [n, n_vocab]
                         if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                             ks[i] = len(tokens[i])
                             continue

@@ -269,3 +269,42 @@ def test_a_draft_on_the_kernel_still_trains(compiled_engine) -> None:
     out.float().sum().backward()
     assert query.grad is not None and key.grad is not None and value.grad is not None
     assert query.grad.abs().sum() > 0 and value.grad.abs().sum() > 0
+
+
+def test_the_heads_draft_forward_is_compiled_once_and_each_version_runs_its_own_weights(compiled_engine) -> None:
+    """The head's draft forwards run compiled (compiled.draft_forward) with the version an argument of the code
+    and no guards on modules: a version's weights must be the graph's inputs, read at each call. Baked in as
+    constants, the first version compiled would draft for every later one (still lossless, but its acceptance
+    would be the base head's). Each version's compiled states match its eager ones, and no version compiles
+    again."""
+    drafter = compiled_engine.drafter
+    assert drafter._compiled is not None
+    base = drafter.head
+    hidden = base.config.hidden_size
+    generator = torch.Generator().manual_seed(4)
+    fuse = (torch.randn(hidden, 2 * hidden, generator=generator) / hidden**0.5).to(torch.bfloat16)
+    other = base.with_weights(fuse, {})
+    ids = [[5, 17, 33], [44, 9, 2]]
+    states = [torch.randn(3, hidden, generator=generator).to(torch.bfloat16) for _ in ids]
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+
+    def fed(version, compiled_forward):
+        cache = drafter.new_cache()
+        slots = [cache.add_row(), cache.add_row()]
+        saved, drafter._compiled = drafter._compiled, compiled_forward
+        try:
+            with torch.inference_mode():
+                return drafter._feed(version, cache, slots, ids, states).float()
+        finally:
+            drafter._compiled = saved
+
+    compiled_forward = drafter._compiled
+    outputs = {}
+    for name, version in (("base", base), ("other", other), ("base again", base)):
+        compiled_states, eager_states = fed(version, compiled_forward), fed(version, None)
+        scale = eager_states.abs().max()
+        assert (compiled_states - eager_states).abs().max() <= 0.05 * scale, name
+        outputs[name] = compiled_states
+    assert (outputs["base"] - outputs["other"]).abs().max() > 0.5 * outputs["base"].abs().max()
+    assert torch.equal(outputs["base"], outputs["base again"])
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a head version compiled again"

@@ -90,3 +90,32 @@ def test_head_weights_are_the_heads_own_and_the_target_is_untouched() -> None:
     engine.generate_batch(PROMPTS, max_new_tokens=10, k=3)
     for name, p in target.named_parameters():
         assert torch.equal(p, before[name]), name
+
+
+def test_choosing_for_every_row_at_once_gives_what_each_row_chose_alone() -> None:
+    """DraftVocab.choose_rows takes the greedy rows without constraints in one argmax, the others one by one:
+    the tokens (full-vocabulary ids on a restricted head) and the distributions are `choose`'s, row by row,
+    and a row whose logits hold a NaN or +inf drafts nothing, as alone."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.drafters.vocab import DraftVocab
+    from adaptive_spec.sampling import SamplingParams
+
+    def row(temperature: float, seed: int) -> SimpleNamespace:
+        generator = torch.Generator().manual_seed(seed)
+        return SimpleNamespace(params=SamplingParams(temperature=temperature), generator=generator, constraints=None)
+
+    vocab = DraftVocab(torch.nn.Linear(8, 40, bias=False))
+    for restricted in (None, [3, 7, 11, 19, 23, 31]):
+        vocab.restrict(restricted)
+        width = 40 if restricted is None else len(restricted)
+        logits = torch.randn(5, width, generator=torch.Generator().manual_seed(1))
+        logits[2, 1] = float("nan")
+        logits[3, 0] = float("inf")
+        temperatures = [0.0, 0.8, 0.0, 0.0, 0.0]
+        together = vocab.choose_rows(logits, [row(t, j) for j, t in enumerate(temperatures)], [[]] * 5)
+        alone = [vocab.choose(logits[j], row(t, j), []) for j, t in enumerate(temperatures)]
+        assert [token for token, _ in together] == [token for token, _ in alone]
+        assert together[2][0] is None and together[3][0] is None  # NaN, +inf
+        assert together[0][0] == int(logits[0].argmax()) if restricted is None else restricted[int(logits[0].argmax())]
+        assert together[0][1] is None and torch.equal(together[1][1], alone[1][1])  # the sampled row's distribution
