@@ -13,9 +13,10 @@ for the few rows of a step).
 What runs compiled: a step over every row of a batch (`kv.feed` with rows 0..n-1, as every verify
 and plain step is), from the embedding to the logits of every fed position, plus the states that
 enter the final norm (what a head draft reads); and every prefill of the target (one row, many
-tokens, logits at the last position only), through the same graph (kv._compiled_prefill). The drafts'
-forwards run eager. That split is the same for the target alone and for speculation, so outputs
-still compare token for token.
+tokens, logits at the last position only), through the same graph (kv._compiled_prefill). That is
+the same for the target alone and for speculation, so outputs still compare token for token. A head
+draft's steps run compiled too, in graphs of their own (`draft_forward`, HeadDrafter.compile); the other
+drafts' forwards run eager. A draft's numbers only choose what it proposes: the target verifies.
 
 Shapes: one graph serves every number of rows, tokens per row and cache capacity (dynamic
 dimensions, without the usual specialisation of size 1, `backed_size_oblivious`): the step attends
@@ -136,11 +137,11 @@ def draft_forward(forward: Callable) -> Callable:
     version of a draft (the base head and each adapter's, the same modules with other weights) runs the
     same compiled code. Its weights are inputs of the graph, read from the module passed at each call,
     not constants: with no guards on modules (`_compile`), a version's weights baked into the code
-    would be served for every other version. tests/adaptive_spec/test_head_compiled.py holds that.
+    would be served for every other version. tests/adaptive_spec/test_compiled.py holds that.
 
     A draft need not be invariant (the target verifies every token), only fast: on the default model in
-    bf16 (AMD EPYC, 2 cores) a head's draft step took 1.29 ms eager and 0.98 ms compiled, of a 14 ms
-    target step (docs/benchmarks.md, "The head's forward compiled")."""
+    bf16 (AMD EPYC, 2 cores) a head's draft step took 1.29 ms eager and 0.9-1.0 ms compiled, of a 14 ms
+    target step (docs/benchmarks.md, "The head's draft steps compiled")."""
     step = _compile(forward)
 
     def run(*args):
@@ -299,8 +300,8 @@ def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> Compi
 
 
 def use_kernel(model: nn.Module) -> None:
-    """Run a draft's attention through the invariant C++ kernel as well, when it built. The draft's
-    forwards stay eager (small, and shaped by the tree or chain); its attention was exact.attention's
+    """Run a draft's attention through the invariant C++ kernel as well, when it built, in its eager
+    forwards (a prompt's catch-up, every forward of a draft with no compiled path); its attention was exact.attention's
     fp32 products over every query and key, the largest part of a head's prefill over a prompt. The
     draft's numbers change in the last bits, which only its proposals see (the target verifies)."""
     if _KERNEL[0] is None:

@@ -189,17 +189,19 @@ class HeadDrafter(Drafter):
 
     def compile(self) -> None:
         """Run the draft steps' forwards compiled from now on, every head version through the same code, and
-        compile now, not in the first request's step: a feed of 2 tokens, then one of 1 (a single fed token
-        gets a graph of its own; one graph serves every other number of rows and tokens,
-        tests/adaptive_spec/test_compiled.py). Prompts' catch-ups of more than COMPILED_FEED_MAX tokens stay
-        eager, where the compiled products, made for few rows, would be slower."""
+        compile now, not in the first request's step. Three graphs serve every feed, chains and trees alike
+        (tests/adaptive_spec/test_compiled.py): several tokens of rows side by side, a single token, and rows
+        that are not side by side (kv.BatchCache.update reads those through a tensor of rows, not a slice).
+        Prompts' catch-ups of more than COMPILED_FEED_MAX tokens stay eager, where the compiled products, made
+        for few rows, would be slower."""
         self._compiled = compiled.draft_forward(_head_forward)
         cache = self.new_cache()
-        slot = cache.add_row()
+        first, _, third = (cache.add_row() for _ in range(3))
         zeros = torch.zeros(2, self.head.config.hidden_size, dtype=self.head.fuse.weight.dtype, device=self.device)
         with torch.inference_mode():
-            self._feed(self.head, cache, [slot], [[0, 0]], [zeros])
-            self._feed(self.head, cache, [slot], [[0]], [zeros[:1]])
+            self._feed(self.head, cache, [first], [[0, 0]], [zeros])
+            self._feed(self.head, cache, [first], [[0]], [zeros[:1]])
+            self._feed(self.head, cache, [first, third], [[0], [0]], [zeros[:1], zeros[:1]])
 
     def new_cache(self) -> kv.BatchCache:
         cache = kv.BatchCache(1, self.device)
@@ -386,8 +388,9 @@ class HeadDrafter(Drafter):
         if forward is not None and cache.keys[0] is None:
             cache.allocate_for(head)  # not inside the graph (kv.BatchCache.allocate_for)
         positions, mask = cache.inputs(slots, fed, width, trees=trees)
-        if forward is not None:
-            predicted = forward(head, ids, features, positions, mask, cache)  # [n, width, hidden]
+        if forward is not None:  # a chain's positions are the cache's own tensor, a tree's are not: the copy keeps
+            # the two from compiling graphs of their own (dynamo guards on inputs being one tensor)
+            predicted = forward(head, ids, features, positions.clone(), mask, cache)  # [n, width, hidden]
         else:
             predicted = head(ids, features, positions, mask, cache)
         for slot, n in zip(slots, fed, strict=True):

@@ -308,3 +308,24 @@ def test_the_heads_draft_forward_is_compiled_once_and_each_version_runs_its_own_
     assert (outputs["base"] - outputs["other"]).abs().max() > 0.5 * outputs["base"].abs().max()
     assert torch.equal(outputs["base"], outputs["base again"])
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a head version compiled again"
+
+
+def test_draft_trees_through_the_compiled_head_equal_the_compiled_target_alone(compiled_engine) -> None:
+    """Trees feed the compiled head each depth's nodes with a tree mask (kv.TreeFeed): greedy output, alone and
+    in a batch, is still the target's, and the trees were drafted by the compiled code (no new graph)."""
+    engine = compiled_engine
+    baseline = [
+        engine.generate(p, max_new_tokens=b, speculative=False).token_ids for p, b in zip(PROMPTS, BUDGETS, strict=True)
+    ]
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    saved, engine.policy.tree_budget = engine.policy.tree_budget, 12
+    try:
+        outputs = engine.generate_batch(PROMPTS, max_new_tokens=max(BUDGETS), max_batch=3, k=3)
+        alone = engine.generate(PROMPTS[0], max_new_tokens=BUDGETS[0], k=3)
+    finally:
+        engine.policy.tree_budget = saved
+    for i, (out, budget) in enumerate(zip(outputs, BUDGETS, strict=True)):
+        assert out.token_ids[:budget] == baseline[i], f"prompt {i} batched"
+    assert alone.token_ids == baseline[0]
+    assert sum(out.stats.drafted for out in outputs) > 0
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a tree's feed compiled the head again"
