@@ -74,6 +74,8 @@ def applies(weight: torch.Tensor) -> bool:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for inputs of at most MAX_ROWS rows, computed as (W @ x.T).T."""
+    if torch.compiler.is_compiling():  # a compiled graph (a head's draft step in fp32) chooses its own product;
+        return F.linear(x, weight, bias)  # a choice by row count here compiled a graph for every count
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
     if n > MAX_ROWS or not _transposed[max(n, 1)] or torch.is_grad_enabled() or x.dtype != weight.dtype:

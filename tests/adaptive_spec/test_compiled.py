@@ -318,14 +318,22 @@ def test_draft_trees_through_the_compiled_head_equal_the_compiled_target_alone(c
         engine.generate(p, max_new_tokens=b, speculative=False).token_ids for p, b in zip(PROMPTS, BUDGETS, strict=True)
     ]
     frames = torch._dynamo.utils.counters["frames"]["ok"]
-    saved, engine.policy.tree_budget = engine.policy.tree_budget, 12
+    drafter, siblings = engine.drafter, []
+    compiled_forward = drafter._compiled
+
+    def counted(head, ids, features, positions, *args):  # a tree's depth feeds siblings at one position
+        siblings.append(any(len(set(row)) < len(row) for row in positions.tolist()))
+        return compiled_forward(head, ids, features, positions, *args)
+
+    saved, engine.policy.tree_budget, drafter._compiled = engine.policy.tree_budget, 12, counted
     try:
         outputs = engine.generate_batch(PROMPTS, max_new_tokens=max(BUDGETS), max_batch=3, k=3)
         alone = engine.generate(PROMPTS[0], max_new_tokens=BUDGETS[0], k=3)
     finally:
-        engine.policy.tree_budget = saved
+        engine.policy.tree_budget, drafter._compiled = saved, compiled_forward
     for i, (out, budget) in enumerate(zip(outputs, BUDGETS, strict=True)):
         assert out.token_ids[:budget] == baseline[i], f"prompt {i} batched"
     assert alone.token_ids == baseline[0]
     assert sum(out.stats.drafted for out in outputs) > 0
+    assert any(siblings), "no depth of a tree went through the compiled head"
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a tree's feed compiled the head again"

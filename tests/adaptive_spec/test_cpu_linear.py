@@ -83,3 +83,24 @@ def test_a_small_model_is_not_timed_and_off_means_the_stock_path(monkeypatch) ->
     assert calls == []
     monkeypatch.setenv("ADAPTIVE_SPEC_CPU_LINEAR", "0")
     assert cpu_linear.install(nn.Linear(8, 8)) == 0
+
+
+def test_a_compiled_graph_takes_one_product_for_every_row_count() -> None:
+    """In fp32 with the step compiled, a head's draft forward runs compiled with its linears routed here
+    (engine.py installs cpu_linear on fp32 drafts): choosing the product by row count made dynamo compile a
+    graph per count, at request time, until its recompile limit left the head eager. Under compile the product
+    is F.linear's, one graph for every count."""
+    import torch._dynamo
+
+    weight = torch.randn(24, 16)
+    linear = nn.Linear(16, 24, bias=False)
+    linear.weight.data.copy_(weight)
+    cpu_linear.install(linear)
+    torch._dynamo.reset()
+    forward = torch.compile(lambda x: linear(x), dynamic=True)
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    with torch.inference_mode():
+        for rows in (2, 3, 5, 9):
+            x = torch.randn(rows, 16)
+            assert torch.allclose(forward(x), F.linear(x, weight), atol=1e-5)
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames + 1
