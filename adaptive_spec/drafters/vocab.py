@@ -81,7 +81,7 @@ class DraftVocab:
         step. Without a draft the row's step is the target's alone, which is exact either way."""
         if row.constraints is not None:
             logits = row.constraints.draft(logits, drafted, self.ids)
-        if not _drawable(logits):
+        if not bool(_drawable(logits)):
             return None, None
         if row.params.greedy:
             choice, probs = int(logits.argmax()), None
@@ -107,9 +107,8 @@ class DraftVocab:
         if plain:
             picked = logits if len(plain) == len(rows) else logits[plain]
             best = picked.argmax(-1)
-            drawable = torch.isfinite(picked).any(-1) & (picked.sum(-1, dtype=torch.float32) < math.inf)
             tokens = (best if self.ids is None else self.ids[best]).tolist()
-            for j, token, ok in zip(plain, tokens, drawable.tolist(), strict=True):
+            for j, token, ok in zip(plain, tokens, _drawable(picked).tolist(), strict=True):
                 chosen[j] = (token if ok else None, None)
         return [
             choice if choice is not None else self.choose(logits[j], rows[j], drafted[j])
@@ -123,7 +122,7 @@ class DraftVocab:
         samples: the target's tree rule (acceptance.tree_rejection_sample) keeps the output exact."""
         if row.constraints is not None:
             logits = row.constraints.draft(logits, path, self.ids)
-        if not _drawable(logits):
+        if not bool(_drawable(logits)):
             return []
         if row.params.greedy:
             logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -134,8 +133,8 @@ class DraftVocab:
         return chosen if self.ids is None else [(int(self.ids[i]), v) for i, v in chosen]
 
 
-def _drawable(logits: torch.Tensor) -> bool:
-    """logits [n_vocab] name a distribution: some token is finite, none is NaN or +inf (-inf is a masked
-    token). The sum is NaN or +inf exactly when some logit is NaN or +inf (fp32: no overflow from
-    finite logits), so two reductions decide it."""
-    return bool(torch.isfinite(logits).any()) and bool(logits.sum(dtype=torch.float32) < math.inf)
+def _drawable(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., n_vocab] -> bool [...]: each row names a distribution: some token is finite, none is NaN or
+    +inf (-inf is a masked token). The sum is NaN or +inf exactly when some logit is NaN or +inf (fp32: no
+    overflow from finite logits), so two reductions decide it."""
+    return torch.isfinite(logits).any(-1) & (logits.sum(-1, dtype=torch.float32) < math.inf)
