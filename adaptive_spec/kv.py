@@ -54,6 +54,7 @@ class BatchCache:
         self._positions: torch.Tensor | None = None  # [n_active, width] where the running forward writes
         self._kv_len = 0  # positions the running forward attends over
         self._whole = False  # the running forward covers rows 0..n-1 and attends over the whole capacity
+        self._token_rows_made: dict[tuple[int, int], torch.Tensor] = {}  # (rows, width) -> _rows_by_token
         # Sliding-window attention (Mistral, Gemma 3...): a key is visible to a query at position p only
         # from position p - window + 1 on. Models with several layer types (layer_types) take one mask per
         # type ("full_attention", "sliding_attention"), as their own mask builders would make them.
@@ -168,24 +169,32 @@ class BatchCache:
         capacity, so that the step's shapes change only when the capacity grows.
         """
         device = self.device
-        starts = torch.tensor([self.lengths[r] for r in rows], device=device)[:, None]  # [n, 1]
-        pads = width - torch.tensor(fed, device=device)[:, None]  # [n, 1]
-        columns = torch.arange(width, device=device)[None, :]  # [1, width]
-        slots = torch.where(columns >= pads, starts + columns - pads, starts + (width - pads) + columns)  # [n, width]
-        kv_len = int(slots.max()) + 1
+        starts = [self.lengths[r] for r in rows]
+        # Row i's slots, built here in Python: one tensor made from a list cost less than the half-dozen small
+        # operations that computed it (a draft step makes these several times a step). Its padding columns
+        # come first and take the slots after its fed ones; every row's last slot is then start + width - 1.
+        slots_list = [[*range(s + f, s + width), *range(s, s + f)] for s, f in zip(starts, fed, strict=True)]
+        padded = any(f != width for f in fed)
+        if padded:  # a padding column sees only its own slot: it attends from there (`lowest`) to there
+            lowest = [[*range(s + f, s + width), *([0] * f)] for s, f in zip(starts, fed, strict=True)]
+            slots, lowest_slots = torch.tensor([slots_list, lowest], device=device)  # [n, width] each
+        else:
+            slots = torch.tensor(slots_list, device=device)  # [n, width]
+        kv_len = max(starts) + width
         self._reserve(len(self.lengths), kv_len)
         self._whole = whole
         if whole:
             kv_len = self._capacity
-            self._token_rows = torch.arange(len(rows), device=device).repeat_interleave(width)  # [n * width]
+            self._token_rows = self._rows_by_token(len(rows), width)  # [n * width]
             self._token_positions = slots.reshape(-1)  # [n * width]
         self._active = slice(rows[0], rows[0] + len(rows)) if _contiguous(rows) else torch.tensor(rows, device=device)
         self._positions = slots
         self._kv_len = kv_len
         keys = torch.arange(kv_len, device=device)  # [kv_len]
         positions = slots
-        padding = (columns < pads)[:, :, None]  # [n, width, 1]
-        mask = torch.where(padding, keys == slots[:, :, None], keys <= slots[:, :, None])  # [n, width, kv_len]
+        mask = keys <= slots[:, :, None]  # [n, width, kv_len]
+        if padded:
+            mask &= keys >= lowest_slots[:, :, None]
         if trees is not None:
             positions, mask = _tree_inputs(trees, fed, width, slots, mask)
         mask = mask[:, None]  # [n, 1, width, kv_len]
@@ -195,6 +204,14 @@ class BatchCache:
         if self.layer_types is None:  # every layer slides (Mistral)
             return positions, sliding
         return positions, {kind: sliding if kind == "sliding_attention" else mask for kind in self.layer_types}
+
+    def _rows_by_token(self, rows: int, width: int) -> torch.Tensor:
+        """[rows * width]: 0 repeated width times, then 1, ...; made once per shape (no forward writes to it)."""
+        made = self._token_rows_made.get((rows, width))
+        if made is None:
+            made = torch.arange(rows, device=self.device).repeat_interleave(width)
+            self._token_rows_made[(rows, width)] = made
+        return made
 
     @torch.inference_mode()
     def keep(self, row: int, start: int, kept: list[int]) -> None:

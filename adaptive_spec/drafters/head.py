@@ -40,7 +40,7 @@ from adaptive_spec import compiled, exact, kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.tree import TOPK, RowTree
-from adaptive_spec.drafters.vocab import DraftVocab
+from adaptive_spec.drafters.vocab import DraftVocab, draft_logits, greedy_picks
 
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
 COMPILED_FEED_MAX = 64  # tokens (rows x width) a compiled head forward takes; a prompt's catch-up runs eager
@@ -127,9 +127,14 @@ class DraftHead(nn.Module):
         return self.shared.lm_head(self.shared.norm(states))
 
 
-def _head_forward(head: DraftHead, ids, features, positions, mask, cache) -> torch.Tensor:
-    """What HeadDrafter.compile compiles: the head version is an argument, so its weights are the graph's inputs."""
-    return head(ids, features, positions, mask, cache)
+def _head_step(head: DraftHead, ids, features, positions, mask, cache, vocab_rows, vocab_bias, columns):
+    """A draft step: the head's predicted states at `columns` [n, c, hidden], the draft vocabulary's logits there
+    [n, c, n_vocab], and their greedy picks [n, c] (vocab.greedy_picks). What HeadDrafter.compile compiles: the
+    head version and the vocabulary's rows are arguments, so their weights are the graph's inputs; the norm,
+    the LM head's rows and the argmax run in the graph, not as a dozen small eager operations after it."""
+    states = head(ids, features, positions, mask, cache).index_select(1, columns)
+    logits = draft_logits(head.shared.norm(states), vocab_rows, vocab_bias)
+    return states, logits, greedy_picks(logits)
 
 
 class Features:
@@ -185,7 +190,8 @@ class HeadDrafter(Drafter):
         self.name = name
         self.device = next(self.head.parameters()).device
         self.vocab = self.new_vocab()
-        self._compiled: Callable | None = None  # the head's forward through compiled.draft_forward, once compile() ran
+        self._compiled: Callable | None = None  # _head_step through compiled.draft_forward, once compile() ran
+        self._columns: dict[tuple[int, bool], torch.Tensor] = {}  # (width, every column) -> _head_step's columns
 
     def compile(self) -> None:
         """Run the draft steps' forwards compiled from now on, every head version through the same code, and
@@ -194,14 +200,14 @@ class HeadDrafter(Drafter):
         that are not side by side (kv.BatchCache.update reads those through a tensor of rows, not a slice).
         Prompts' catch-ups of more than COMPILED_FEED_MAX tokens stay eager, where the compiled products, made
         for few rows, would be slower."""
-        self._compiled = compiled.draft_forward(_head_forward)
+        self._compiled = compiled.draft_forward(_head_step)
         cache = self.new_cache()
         first, _, third = (cache.add_row() for _ in range(3))
         zeros = torch.zeros(2, self.head.config.hidden_size, dtype=self.head.fuse.weight.dtype, device=self.device)
         with torch.inference_mode():
-            self._feed(self.head, cache, [first], [[0, 0]], [zeros])
-            self._feed(self.head, cache, [first], [[0]], [zeros[:1]])
-            self._feed(self.head, cache, [first, third], [[0], [0]], [zeros[:1], zeros[:1]])
+            self._feed(self.head, self.vocab, cache, [first], [[0, 0]], [zeros])
+            self._feed(self.head, self.vocab, cache, [first], [[0]], [zeros[:1]])
+            self._feed(self.head, self.vocab, cache, [first, third], [[0], [0]], [zeros[:1], zeros[:1]])
 
     def new_cache(self) -> kv.BatchCache:
         cache = kv.BatchCache(1, self.device)
@@ -281,7 +287,7 @@ class HeadDrafter(Drafter):
                 states = self._target_states(row, start)  # [len(tokens), hidden]
                 fed[i] = len(tokens)
                 if len(tokens) > CATCH_UP_ALONE:  # the prompt, the first time: alone, not padding the others
-                    self._feed(head, cache, [row.slot], [tokens[:-1]], [states[:-1]])
+                    self._feed(head, vocab, cache, [row.slot], [tokens[:-1]], [states[:-1]])
                     tokens, states = tokens[-1:], states[-1:]
                 feeds[i] = (tokens, states)
             if depths is not None:
@@ -289,9 +295,13 @@ class HeadDrafter(Drafter):
                 continue
             while live := [i for i in group if len(drafted[i]) < ks[i]]:
                 slots = [rows[i].slot for i in live]
-                predicted = self._feed(head, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live])
-                logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
-                choices = vocab.choose_rows(logits, [rows[i] for i in live], [drafted[i] for i in live])
+                predicted, logits, picks = self._feed(
+                    head, vocab, cache, slots, [feeds[i][0] for i in live], [feeds[i][1] for i in live]
+                )
+                predicted, logits = predicted[:, -1], logits[:, -1]  # [n, hidden], [n, n_vocab]
+                choices = vocab.choose_rows(
+                    logits, [rows[i] for i in live], [drafted[i] for i in live], picks[:, -1].tolist()
+                )
                 for j, (i, (token, row_probs)) in enumerate(zip(live, choices, strict=True)):
                     if token is None:  # its constraints allow none of its tokens, or its logits are NaN
                         ks[i] = len(drafted[i])
@@ -318,8 +328,10 @@ class HeadDrafter(Drafter):
         with its parent's predicted state and seeing only its ancestors (kv.TreeFeed). `fed[i]`: the context
         tokens row i caught up on, the prompt included, which the engine keeps out of the draft's step cost."""
         slots = [rows[i].slot for i in group]
-        predicted = self._feed(head, cache, slots, [feeds[i][0] for i in group], [feeds[i][1] for i in group])
-        logits = vocab.logits(head.shared.norm(predicted))  # [n, n_vocab]
+        predicted, logits, _ = self._feed(
+            head, vocab, cache, slots, [feeds[i][0] for i in group], [feeds[i][1] for i in group]
+        )
+        predicted, logits = predicted[:, -1], logits[:, -1]  # [n, hidden], [n, n_vocab]
         context = {i: cache.lengths[rows[i].slot] for i in group}  # the pending token is the last of it
         trees = {i: RowTree(budgets[i], depths[i]) for i in group}
         for j, i in enumerate(group):
@@ -339,8 +351,8 @@ class HeadDrafter(Drafter):
                 shapes.append(kv.TreeFeed(context[i], [context[i] - 1 + depth] * len(nodes), sees))
             tokens = [[trees[i].nodes[index].token for index in expanding[i]] for i in live]
             states = [torch.stack([trees[i].nodes[index].state for index in expanding[i]]) for i in live]
-            predicted = self._feed(head, cache, [rows[i].slot for i in live], tokens, states, shapes)  # [n, w, h]
-            logits = vocab.logits(head.shared.norm(predicted))  # [n, width, n_vocab]
+            # [n, width, hidden], [n, width, n_vocab]
+            predicted, logits, _ = self._feed(head, vocab, cache, [rows[i].slot for i in live], tokens, states, shapes)
             width = logits.shape[1]
             for j, i in enumerate(live):
                 for k, index in enumerate(expanding[i]):
@@ -368,31 +380,46 @@ class HeadDrafter(Drafter):
     def _feed(
         self,
         head: DraftHead,
+        vocab: DraftVocab,
         cache: kv.BatchCache,
         slots: list[int],
         tokens: list[list[int]],
         states: list[torch.Tensor],
         trees: list[kv.TreeFeed] | None = None,
-    ) -> torch.Tensor:
-        """Run the head on each row's tokens with the states before them, right-aligned; returns the
-        predicted state after each row's last token, [n, hidden], and advances the rows' lengths.
-        With `trees` (a depth of draft trees) every fed token's predicted state, [n, width, hidden]."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the head on each row's tokens with the states before them, right-aligned, and advance the rows'
+        lengths. Returns `_head_step`'s predicted states, draft logits and greedy picks after each row's last
+        token ([n, 1, ...]), or with `trees` (a depth of draft trees) after every fed token ([n, width, ...])."""
         fed = [len(t) for t in tokens]
         width = max(fed)
-        hidden = states[0].shape[-1]
         ids = torch.tensor([[t[0]] * (width - len(t)) + list(t) for t in tokens], device=self.device)  # [n, width]
-        features = torch.zeros(len(tokens), width, hidden, dtype=states[0].dtype, device=self.device)
-        for i, row_states in enumerate(states):
-            features[i, width - len(row_states) :] = row_states
+        if all(n == width for n in fed):
+            features = torch.stack(states)  # [n, width, hidden]
+        else:
+            features = torch.zeros(len(tokens), width, states[0].shape[-1], dtype=states[0].dtype, device=self.device)
+            for i, row_states in enumerate(states):
+                features[i, width - len(row_states) :] = row_states
         forward = self._compiled if len(tokens) * width <= COMPILED_FEED_MAX else None
         if forward is not None and cache.keys[0] is None:
             cache.allocate_for(head)  # not inside the graph (kv.BatchCache.allocate_for)
         positions, mask = cache.inputs(slots, fed, width, trees=trees)
+        columns = self._columns_of(width, every=trees is not None)
         if forward is not None:  # a chain's positions are the cache's own tensor, a tree's are not: the copy keeps
             # the two from compiling graphs of their own (dynamo guards on inputs being one tensor)
-            predicted = forward(head, ids, features, positions.clone(), mask, cache)  # [n, width, hidden]
+            out = forward(head, ids, features, positions.clone(), mask, cache, vocab.rows, vocab.bias, columns)
         else:
-            predicted = head(ids, features, positions, mask, cache)
+            out = _head_step(head, ids, features, positions, mask, cache, vocab.rows, vocab.bias, columns)
         for slot, n in zip(slots, fed, strict=True):
             cache.set_length(slot, cache.lengths[slot] + n)
-        return predicted if trees is not None else predicted[:, -1]
+        return out
+
+    def _columns_of(self, width: int, every: bool) -> torch.Tensor:
+        """_head_step's columns: every one of `width`, or the last; a tensor made once per width. A tensor, not a
+        number, so that one graph serves both (dynamo would specialise on a number)."""
+        columns = self._columns.get((width, every))
+        if columns is None:
+            columns = (
+                torch.arange(width, device=self.device) if every else torch.tensor([width - 1], device=self.device)
+            )
+            self._columns[(width, every)] = columns
+        return columns

@@ -8,7 +8,6 @@ it to the tokens recent traffic used (`restrict`), which makes a draft step much
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -23,10 +22,11 @@ class DraftVocab:
     def __init__(self, lm_head: torch.nn.Module):
         self.lm_head = lm_head
         self.weight = cast(torch.Tensor, lm_head.weight)  # [full_size, hidden]
+        self._all_rows = self.weight.detach()  # the same storage
         self.full_size = int(self.weight.shape[0])
         self.ids: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
         self._rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
-        self._product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
+        self._id_list: list[int] | None = None  # ids, as Python numbers: a choice's token without a tensor op
 
     def restrict(self, token_ids) -> None:
         """Propose only these tokens (None: any), computing just their rows of the LM head.
@@ -38,7 +38,7 @@ class DraftVocab:
         is the restricted one, which rejection sampling corrects like any other).
         """
         if token_ids is None:
-            self.ids = self._rows = None
+            self.ids = self._rows = self._id_list = None
             return
         device = self.weight.device
         ids = torch.as_tensor(sorted({int(t) for t in token_ids}), dtype=torch.long, device=device)
@@ -47,28 +47,29 @@ class DraftVocab:
         if getattr(self.lm_head, "bias", None) is not None:
             raise ValueError("restricting the vocabulary needs an LM head without bias")
         self._rows = self.weight[ids].contiguous()
-        # the same rule as the layers' linears (cpu_linear.install)
-        self._product = cpu_linear.skinny_linear if cpu_linear.applies(self._rows) else F.linear
-        self.ids = ids
+        self.ids, self._id_list = ids, ids.tolist()
 
     @property
     def restricted(self) -> bool:
         return self.ids is not None
 
-    def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """states: [..., hidden] after the final norm -> [..., n_vocab] (n_vocab = all when unrestricted).
+    @property
+    def rows(self) -> torch.Tensor:
+        """[n_vocab, hidden]: the LM head's rows of the tokens the draft may propose. A plain tensor either way, not
+        the head's Parameter: a compiled draft step takes it as an input and would compile again for the other type."""
+        return self._all_rows if self._rows is None else self._rows
 
-        In bf16 on a CPU where the compiled step's product kernel built (exact.COMPILED_LINEAR), a draft's
-        few rows take that kernel, as its own layers do (`exact.draft_products`): a draft need not be
-        invariant, only fast. Measured on an Intel Xeon without AMX, one row: the whole 49152-row head 2.15
-        -> 1.09 ms (an untrained head's every probe), 813 restricted rows 0.050 -> 0.012 ms."""
-        if getattr(self.lm_head, "bias", None) is None:
-            fast = exact.kernel_product(states, self.weight if self._rows is None else self._rows, draft=True)
-            if fast is not None:
-                return fast
-        if self._rows is None:
-            return self.lm_head(states)
-        return self._product(states, self._rows)
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return cast(torch.Tensor | None, getattr(self.lm_head, "bias", None))  # None when restricted
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """states: [..., hidden] after the final norm -> [..., n_vocab] (n_vocab = all when unrestricted)."""
+        return draft_logits(states, self.rows, self.bias)
+
+    def token(self, index: int) -> int:
+        """The token id of column `index` of this vocabulary's logits."""
+        return index if self._id_list is None else self._id_list[index]
 
     def choose(self, logits: torch.Tensor, row: DraftRow, drafted: list[int]) -> tuple[int | None, torch.Tensor | None]:
         """The token a row drafts from its logits [n_vocab] after `drafted`, and the full-vocabulary
@@ -93,23 +94,29 @@ class DraftVocab:
                 probs = torch.zeros(self.full_size, dtype=probs.dtype, device=probs.device).index_copy_(
                     0, self.ids, probs
                 )
-        return (choice if self.ids is None else int(self.ids[choice])), probs
+        return self.token(choice), probs
 
     def choose_rows(
-        self, logits: torch.Tensor, rows: list[DraftRow], drafted: list[list[int]]
+        self,
+        logits: torch.Tensor,
+        rows: list[DraftRow],
+        drafted: list[list[int]],
+        picks: list[int] | None = None,
     ) -> list[tuple[int | None, torch.Tensor | None]]:
-        """`choose` for each row of logits [n, n_vocab]: the greedy rows without constraints all at once (an
-        argmax and the `_drawable` test over every such row, read back together), the others one by one.
-        One row's `choose` cost about 0.1 ms on the default model, most of it small operations and their
-        reads back, paid per row and per draft token."""
+        """`choose` for each row of logits [n, n_vocab]: the greedy rows without constraints all at once (their
+        `greedy_picks`, read back together), the others one by one. One row's `choose` cost about 0.1 ms on
+        the default model, most of it small operations and their reads back, paid per row and per draft
+        token. `picks`: every row's `greedy_picks`, where the caller computed them with the logits (the
+        head's compiled draft step does)."""
         plain = [j for j, row in enumerate(rows) if row.params.greedy and row.constraints is None]
         chosen: list[tuple[int | None, torch.Tensor | None] | None] = [None] * len(rows)
         if plain:
-            picked = logits if len(plain) == len(rows) else logits[plain]
-            best = picked.argmax(-1)
-            tokens = (best if self.ids is None else self.ids[best]).tolist()
-            for j, token, ok in zip(plain, tokens, _drawable(picked).tolist(), strict=True):
-                chosen[j] = (token if ok else None, None)
+            if picks is None:
+                plain_picks = greedy_picks(logits if len(plain) == len(rows) else logits[plain]).tolist()
+            else:
+                plain_picks = [picks[j] for j in plain]
+            for j, pick in zip(plain, plain_picks, strict=True):
+                chosen[j] = (self.token(pick) if pick >= 0 else None, None)
         return [
             choice if choice is not None else self.choose(logits[j], rows[j], drafted[j])
             for j, choice in enumerate(chosen)
@@ -130,7 +137,27 @@ class DraftVocab:
             logprobs = logits_to_probs(logits[None].float(), row.params)[0].log()
         best = logprobs.topk(min(count, logprobs.shape[0]))
         chosen = [(int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True) if v > -math.inf]
-        return chosen if self.ids is None else [(int(self.ids[i]), v) for i, v in chosen]
+        return [(self.token(i), v) for i, v in chosen]
+
+
+def draft_logits(states: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """states [..., hidden] after the final norm -> logits over an LM head's `rows` [n_vocab, hidden] (DraftVocab.rows).
+
+    In bf16 on a CPU where the compiled step's product kernel built (exact.COMPILED_LINEAR), a draft's few rows
+    take that kernel, as its own layers do (`exact.draft_products`), and so does a compiled draft step: a draft
+    need not be invariant, only fast. Measured on an Intel Xeon without AMX, one row: the whole 49152-row head
+    2.15 -> 1.09 ms (an untrained head's every probe), 813 restricted rows 0.050 -> 0.012 ms. Otherwise the
+    rule of the layers' linears (cpu_linear.install)."""
+    fast = exact.kernel_product(states, rows, bias, draft=True)
+    if fast is not None:
+        return fast
+    product = cpu_linear.skinny_linear if cpu_linear.applies(rows) else F.linear
+    return product(states, rows, bias)
+
+
+def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., n_vocab] -> [...]: each row's argmax, or -1 where its logits name no distribution (`_drawable`)."""
+    return torch.where(_drawable(logits), logits.argmax(-1), -1)
 
 
 def _drawable(logits: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ equal the compiled target alone, row by row.
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import sys
 import time
@@ -288,26 +289,36 @@ def test_the_heads_draft_forward_is_compiled_once_and_each_version_runs_its_own_
     states = [torch.randn(3, hidden, generator=generator).to(torch.bfloat16) for _ in ids]
     frames = torch._dynamo.utils.counters["frames"]["ok"]
 
-    def fed(version, compiled_forward):
+    restricted = drafter.new_vocab()
+    restricted.restrict(range(7, 100, 3))  # an adapter's vocabulary: the tokens its traffic used
+
+    def fed(version, vocab, compiled_forward):
         cache = drafter.new_cache()
         slots = [cache.add_row(), cache.add_row()]
         saved, drafter._compiled = drafter._compiled, compiled_forward
         try:
             with torch.inference_mode():
-                return drafter._feed(version, cache, slots, ids, states).float()
+                predicted, logits, picks = drafter._feed(version, vocab, cache, slots, ids, states)
+                return predicted.float(), logits.float(), picks
         finally:
             drafter._compiled = saved
 
     compiled_forward = drafter._compiled
     outputs = {}
-    for name, version in (("base", base), ("other", other), ("base again", base)):
-        compiled_states, eager_states = fed(version, compiled_forward), fed(version, None)
-        scale = eager_states.abs().max()
-        assert (compiled_states - eager_states).abs().max() <= 0.05 * scale, name
+    versions = (("base", base), ("other", other), ("base again", base))
+    for (name, version), vocab in itertools.product(versions, (drafter.vocab, restricted)):
+        (compiled_states, logits, picks), (eager_states, eager_logits, _) = (
+            fed(version, vocab, compiled_forward),
+            fed(version, vocab, None),
+        )
+        assert (compiled_states - eager_states).abs().max() <= 0.05 * eager_states.abs().max(), name
+        assert (logits - eager_logits).abs().max() <= 0.05 * eager_logits.abs().max(), name
+        assert logits.shape[-1] == (len(restricted.ids) if vocab is restricted else vocab.full_size)
+        assert torch.equal(picks, logits.argmax(-1)), name  # each pick is its row's argmax of the logits returned
         outputs[name] = compiled_states
     assert (outputs["base"] - outputs["other"]).abs().max() > 0.5 * outputs["base"].abs().max()
     assert torch.equal(outputs["base"], outputs["base again"])
-    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a head version compiled again"
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a head version or vocabulary compiled again"
 
 
 def test_draft_trees_through_the_compiled_head_equal_the_compiled_target_alone(compiled_engine) -> None:

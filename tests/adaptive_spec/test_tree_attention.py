@@ -77,6 +77,36 @@ def test_a_padding_column_sees_only_its_own_slot_and_real_tokens_their_context()
     assert visible[1] == [list(range(4)), list(range(5)), list(range(6)), list(range(7))]
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_positions_and_masks_follow_their_definition_for_any_lengths_and_feeds(whole: bool) -> None:
+    """kv.BatchCache.inputs, element by element from its docstring, over random batches: row r with
+    `start` cached tokens fed `f` of `width` columns writes its real column c (c >= width - f) at slot
+    start + c - (width - f), which sees slots 0..itself; a padding column c at start + f + c, which sees
+    only itself. The mask spans the slots written (the whole capacity for a compiled step)."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        cache = kv.BatchCache(1)
+        n = int(torch.randint(1, 6, (), generator=generator))
+        for _ in range(n):
+            cache.set_length(cache.add_row(), int(torch.randint(0, 300, (), generator=generator)))
+        rows = list(range(n)) if whole else sorted(torch.randperm(n, generator=generator)[: max(1, n - 1)].tolist())
+        fed = [int(torch.randint(1, 6, (), generator=generator)) for _ in rows]
+        width = max(fed) + int(torch.randint(0, 2, (), generator=generator))
+        positions, mask = cache.inputs(rows, fed, width, whole=whole)
+        kv_len = max(cache.lengths[r] for r in rows) + width
+        assert mask.shape == (len(rows), 1, width, cache._capacity if whole else kv_len)
+        for i, (row, f) in enumerate(zip(rows, fed, strict=True)):
+            start, pad = cache.lengths[row], width - f
+            for c in range(width):
+                slot = start + c - pad if c >= pad else start + f + c
+                sees = list(range(slot + 1)) if c >= pad else [slot]
+                assert int(positions[i, c]) == slot, (rows, fed, width, i, c)
+                assert mask[i, 0, c].nonzero().flatten().tolist() == sees, (rows, fed, width, i, c)
+        if whole:
+            assert cache._token_rows.tolist() == [i for i in range(n) for _ in range(width)]
+            assert torch.equal(cache._token_positions, positions.reshape(-1))
+
+
 @pytest.mark.parametrize("path", ["eager", "compiled"])
 def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_path) -> None:
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
