@@ -106,6 +106,28 @@ def test_step_costs_interpolate_between_measured_sizes_and_scale_outside() -> No
     assert costs.estimate(8) == pytest.approx(0.077)
 
 
+def test_above_the_largest_size_measured_the_line_of_the_two_largest_when_it_is_cheaper() -> None:
+    """bf16 verifies cost little more per token than a plain step: measured 1-3 tokens, a verify of 4 is
+    estimated on their line (chosen, then measured), not at the prior's 1 + 0.2 per token, which kept a
+    trained head at k = 2 for a whole run. Never below the largest measured, never above the prior."""
+    costs = StepCosts(slope=0.2)
+    costs.observe(1, 0.0140)
+    costs.observe(2, 0.0143)
+    costs.observe(3, 0.0146)
+    assert costs.estimate(4) == pytest.approx(0.0149)  # 0.0146 + 0.0003, where the prior said 0.0146 * 1.6 / 1.4
+    costs.observe(3, 0.0110)  # noise: 3 tokens' average (0.01424) now below 2 tokens'
+    assert costs.estimate(5) == pytest.approx(costs.estimate(3))  # a falling line is taken flat
+    steep = StepCosts(slope=0.2)
+    steep.observe(1, 0.010)
+    steep.observe(2, 0.020)
+    assert steep.estimate(4) == pytest.approx(0.020 * 1.6 / 1.2)  # the prior, where the line is dearer
+    policy = DynamicK()
+    for tokens, seconds in ((1, 0.0140), (2, 0.0143), (3, 0.0146)):
+        policy.target.observe(tokens, seconds)
+    policy.draft.observe(1, 0.00077)
+    assert policy.choose([[0.76, 0.64]], [8]) >= 3  # the run's profile and draft step: deeper than 2
+
+
 def test_priors_before_anything_is_measured() -> None:
     policy = DynamicK()
     # In units of a one-token target forward: 1 + 0.2 per extra token; a draft forward is 0.3 of a
@@ -124,7 +146,7 @@ def test_priors_before_anything_is_measured() -> None:
         (1, 0.7, 1, {0: 32.3, 1: 46.4, 2: 44.9}),  # k=1 beats k=2 by a little
         (1, 0.9, 3, {3: 56.4}),  # 1.75x plain decoding
         (4, 0.7, 0, {0: 85.1, 1: 81.9, 2: 83.0}),  # a verify of 4 rows x 2 tokens is compute-bound
-        (4, 0.9, 3, {0: 85.1, 3: 107.3}),  # a good draft still pays at 4 rows
+        (4, 0.9, 4, {0: 85.1, 3: 107.3, 4: 108.7}),  # a good draft still pays at 4 rows
         (4, 0.06, 0, {1: 51.1}),  # an untrained draft never pays
     ],
 )
