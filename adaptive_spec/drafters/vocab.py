@@ -22,7 +22,6 @@ class DraftVocab:
     def __init__(self, lm_head: torch.nn.Module):
         self.lm_head = lm_head
         self.weight = cast(torch.Tensor, lm_head.weight)  # [full_size, hidden]
-        self._all_rows = self.weight.detach()  # the same storage
         self.full_size = int(self.weight.shape[0])
         self.ids: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
         self._rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
@@ -56,8 +55,9 @@ class DraftVocab:
     @property
     def rows(self) -> torch.Tensor:
         """[n_vocab, hidden]: the LM head's rows of the tokens the draft may propose. A plain tensor either way, not
-        the head's Parameter: a compiled draft step takes it as an input and would compile again for the other type."""
-        return self._all_rows if self._rows is None else self._rows
+        the head's Parameter (detached at each call, so its storage is the head's now): a compiled draft step takes
+        it as an input and would compile again for the other type."""
+        return self.weight.detach() if self._rows is None else self._rows
 
     @property
     def bias(self) -> torch.Tensor | None:
