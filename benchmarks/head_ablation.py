@@ -35,7 +35,7 @@ defaults until rank 64 replaced rank 16):
     noise-0.3      noise 0.3
     rank-4, rank-64  LoRA rank 4 or 64 (alpha = 2 r, the same scale); rank-64, one draft step trained,
                    was HeadSettings() until unroll-2-decay-0.5-rank-64 replaced it, and that one
-                   until unroll-3-decay-0.5-rank-64
+                   until unroll-3-decay-0.5-rank-64, and that one until unroll-3-decay-0.5-rank-128
     unroll-2       a second draft step trained on the head's own states
     lr-3e-3        the optimiser's learning rate 3e-3
     unroll-2-rank-64  unroll 2 at rank 64

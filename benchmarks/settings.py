@@ -49,8 +49,9 @@ RECIPES = {
     "unroll-3-rank-64": RANK_64 | {"unroll": 3, "unroll_decay": 0.8},
     "unroll-2-decay-0.5-rank-64": TWO_STEPS,
     "unroll-2-decay-0.3-rank-64": RANK_64 | {"unroll": 2, "unroll_decay": 0.3},
-    "unroll-3-decay-0.5-rank-64": RANK_64 | {"unroll": 3, "unroll_decay": 0.5},  # HeadSettings() now
-    # HeadSettings() with a LoRA of rank 128 (same scale), or the optimiser's learning rate doubled
+    "unroll-3-decay-0.5-rank-64": RANK_64 | {"unroll": 3, "unroll_decay": 0.5},  # HeadSettings() before rank 128
+    # HeadSettings() before rank 128 with a LoRA of rank 128 (same scale: HeadSettings() now), or the optimiser's
+    # learning rate doubled
     "unroll-3-decay-0.5-rank-128": {"r": 128, "alpha": 256, "unroll": 3, "unroll_decay": 0.5},
     "unroll-3-decay-0.5-rank-64-lr-2e-3": RANK_64 | {"unroll": 3, "unroll_decay": 0.5, "lr": 2e-3},
     "softmax-vocab": TWO_STEPS | {"softmax": "vocab"},  # HeadSettings() before the batch softmax

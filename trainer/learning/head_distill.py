@@ -87,12 +87,18 @@ SOFTMAX_OVER = ("batch", "vocab")
 class HeadSettings(LoraSettings):
     """LoraSettings (rank, lr, batch, KL, position weights) plus what only a head needs.
 
-    Rank 64, not the early exit's 16: on the same 128 python records, after 200 steps, the head's
+    A larger rank than the early exit's 16: on the same 128 python records, after 200 steps, the head's
     first-token match on held-out records was 0.80 at rank 64 against 0.76 at rank 16, ahead at every
     point of the curve (benchmarks/head_ablation.py, docs/figures/head-ablation-python.json).
-    On the default model rank 64 is 0.65 M LoRA weights over the layer's 7 projections (beside the
-    fuse's 0.66 M, trained whole), and a served version merges them into the layer, so the rank
-    costs nothing per draft step.
+    Rank 128 since 2026-11-29: on 160 python records, 400 steps, three draft steps trained, it matched the
+    first token 0.79 against 0.76 at rank 64 and a greedy verify of k = 4 accepted 2.22 draft tokens a round
+    against 1.97, ahead at every point (docs/figures/head-ablation-rank128-lr-python.json), for 11% more
+    time a step; online (bench-drift --domain python --budget-minutes 30, AMD EPYC) 2.41x the target alone,
+    3.21 tokens a forward, against 2.02-2.43x and 2.31-3.09 in three runs at rank 64 on that machine
+    (docs/benchmarks.md, "Rank 128"). On the default model rank 128 is 1.3 M LoRA weights over the layer's
+    7 projections (beside the fuse's 0.66 M, trained whole), and a served version merges them into the
+    layer, so the rank costs nothing per draft step. A lineage that continues from a saved version keeps
+    that version's rank (distill.py `_lora_config`).
 
     Three draft steps trained (`unroll = 3`, each weighted 0.5 of the one before). Two steps made the
     second token work (on the same records, after 600 steps, first-token match 0.805 against 0.796 for
@@ -107,8 +113,8 @@ class HeadSettings(LoraSettings):
     target alone against 1.80x for two steps, mean acceptance length 2.61 against 2.37, depths 3 / 4
     accepted 0.59 / 0.35 against 0.19 / 0.04 (docs/benchmarks.md, "Three draft steps trained")."""
 
-    r: int = 64
-    alpha: int = 128  # LoRA scale = alpha / r = 2, as the early exit's
+    r: int = 128
+    alpha: int = 256  # LoRA scale = alpha / r = 2, as the early exit's
     regression_weight: float = 1.0  # the state regression against the KL, per position
     noise: float = 0.1  # half-width of the uniform noise on input states, relative to their RMS
     unroll: int = 3  # draft steps trained per position: 2 and 3 also train steps on its own predicted states
