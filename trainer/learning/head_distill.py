@@ -95,10 +95,11 @@ class HeadSettings(LoraSettings):
     against 1.97, ahead at every point (docs/figures/head-ablation-rank128-lr-python.json), for 11% more
     time a step; online (bench-drift --domain python --budget-minutes 30, AMD EPYC) 2.41x and 2.12x the target
     alone in two runs, 3.21 and 2.71 tokens a forward, against 2.02-2.43x and 2.31-3.09 in three runs at rank 64
-    on that machine: online the runs' spread is larger than the rank's effect (docs/benchmarks.md, "Rank 128"). On the default model rank 128 is 1.3 M LoRA weights over the layer's
-    7 projections (beside the fuse's 0.66 M, trained whole), and a served version merges them into the
-    layer, so the rank costs nothing per draft step. A lineage that continues from a saved version keeps
-    that version's rank (distill.py `_lora_config`).
+    on that machine: online the runs' spread is larger than the rank's effect (docs/benchmarks.md, "Rank 128").
+    On the default model rank 128 is 1.3 M LoRA weights over the layer's 7 projections (beside the fuse's
+    0.66 M, trained whole), and a served version merges them into the layer, so the rank costs nothing per
+    draft step. A lineage that continues from a saved version keeps that version's rank (distill.py
+    `_lora_config`).
 
     Three draft steps trained (`unroll = 3`, each weighted 0.5 of the one before). Two steps made the
     second token work (on the same records, after 600 steps, first-token match 0.805 against 0.796 for
