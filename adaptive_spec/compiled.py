@@ -151,19 +151,44 @@ def draft_forward(forward: Callable) -> Callable:
     return run
 
 
+class _Tap(nn.Module):
+    """A decoder layer that also appends its output to `sink` (CompiledStep's `_taps`): inside the compiled step a
+    list the graph returns the tensors of, as it returns its outputs."""
+
+    def __init__(self, layer: nn.Module, sink: list):
+        super().__init__()
+        self.layer = layer
+        self.sink = sink
+
+    def forward(self, *args, **kwargs):
+        out = self.layer(*args, **kwargs)
+        self.sink.append(out[0] if isinstance(out, tuple) else out)
+        return out
+
+
 class CompiledStep:
-    """`model`'s step over rows 0..n-1 of a cache, compiled: (logits [n, width, vocab], the states
-    entering the final norm [n, width, hidden])."""
+    """`model`'s step over rows 0..n-1 of a cache, compiled: (logits [n, width, vocab], the target's states
+    [n, width, hidden * len(kv.state_layers(model))]: the outputs of its state layers side by side, the last
+    what enters the final norm)."""
 
     def __init__(self, model: exact.CausalLM):
         decoder = model.model if hasattr(model, "model") else model.get_decoder()
         self.norm = decoder.norm
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        # the decoder without its final norm: its output is what enters the norm
+        self.hidden_size = int(model.config.hidden_size)
+        # the decoder without its final norm: its output is what enters the norm; the state layers before the
+        # last tapped
         self.decoder = copy.copy(decoder)
         self.decoder._modules = dict(decoder._modules)
         self.decoder._modules["norm"] = nn.Identity()
+        self._taps: list[torch.Tensor] = []
+        tapped = kv.state_layers(model)[:-1]
+        if tapped:
+            layers = nn.ModuleList(decoder.layers)
+            for i in tapped:
+                layers[i] = _Tap(decoder.layers[i], self._taps)
+            self.decoder._modules["layers"] = layers
         self.calls = 0
         self._columns: dict[tuple[int, torch.device], torch.Tensor] = {}  # width -> arange(width), made once
         # pad every one-token step to 2 columns, not only a lone row's (kv.compiled_width); set by
@@ -195,6 +220,9 @@ class CompiledStep:
         logits = self.lm_head(self.norm(states.index_select(1, columns)))
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self._taps:
+            states = torch.cat([*self._taps, states], dim=-1)
+            self._taps.clear()
         return logits, states
 
     def __call__(self, ids, positions, mask, cache, columns: torch.Tensor | None = None):

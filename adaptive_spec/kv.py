@@ -426,7 +426,7 @@ def feed(
     if step is not None and not all_logits and trees is None:
         return _compiled_prefill(step, model, cache, rows, feeds, decoder_only, hidden)
     positions, mask = cache.inputs(rows, fed, width, trees=trees)
-    with capture_final_norm_input(model, hidden) as captured:
+    with capture_states(model, hidden) as captured:
         if decoder_only:
             decoder = model.model if hasattr(model, "model") else model.get_decoder()
             states = decoder(
@@ -505,31 +505,56 @@ def _compiled_prefill(
     if not own:
         for i, row in enumerate(rows):
             cache.copy_from(stage, i, row)
-    out = step.norm(states[:, -1]) if decoder_only else logits[:, -1]  # as the eager decoder's output, normed
+    last = states[:, -1, -step.hidden_size :]  # the last of the states side by side is what enters the norm
+    out = step.norm(last) if decoder_only else logits[:, -1]  # as the eager decoder's output, normed
     return (out, states[:, states.shape[1] - max(len(f) for f in feeds) :]) if hidden else out
 
 
+def state_layers(model) -> tuple[int, ...]:
+    """The decoder layers whose outputs make up the target's state at a position, side by side in this order, as
+    `feed(..., hidden=True)` returns it and a head draft reads it: EAGLE-3's low, middle and high features (Li et
+    al. 2025), the outputs of the second layer, of the one before the middle and of the last (what enters the
+    final norm). On the default model's 30 layers (1, 14, 29): a state is 3 x 576 wide. A model whose layers are
+    not at `model.model.layers` (no head draft serves it) gives the last alone, `(-1,)`."""
+    decoder = model.model if hasattr(model, "model") else model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return (-1,)
+    n = len(layers)
+    return tuple(sorted({min(1, n - 1), max(n // 2 - 1, 0), n - 1}))
+
+
 @contextmanager
-def capture_final_norm_input(model, active: bool = True):
-    """Collect what enters `model`'s final norm during the block (this thread's calls only: an
-    early-exit draft shares the norm and may run in another thread; the head trainer runs the
-    serving engine's target in its own)."""
+def capture_states(model, active: bool = True, layers: tuple[int, ...] | None = None):
+    """Collect the target's states (`state_layers`, or these `layers`) of each forward during the block, a
+    `[n, width, hidden * len(layers)]` tensor per forward, once it returns (`states_of`). This thread's calls
+    only: an early-exit draft shares the final norm and may run in another thread; the head trainer runs the
+    serving engine's target in its own. The last layer's output is taken where it enters the final norm."""
     captured: list[torch.Tensor] = []
     if not active:
         yield captured
         return
     decoder = model.model if hasattr(model, "model") else model.get_decoder()
+    layers = state_layers(model) if layers is None else layers
     owner = threading.get_ident()
 
-    def hook(module, args):
+    def output_hook(module, args, output):
+        if threading.get_ident() == owner:
+            captured.append(output[0] if isinstance(output, tuple) else output)
+
+    def norm_hook(module, args):
         if threading.get_ident() == owner:
             captured.append(args[0])
 
-    handle = decoder.norm.register_forward_pre_hook(hook)
+    handles = [decoder.layers[i].register_forward_hook(output_hook) for i in layers[:-1]]
+    handles.append(decoder.norm.register_forward_pre_hook(norm_hook))
     try:
         yield captured
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+        parts = list(captured)
+        captured[:] = [torch.cat(parts[i : i + len(layers)], dim=-1) for i in range(0, len(parts), len(layers))]
 
 
 def _present(buffer: torch.Tensor | None) -> torch.Tensor:

@@ -45,6 +45,10 @@ defaults until rank 64 replaced rank 16):
                    before (HeadSettings.unroll_decay; 0.8 in the others)
     unroll-3-decay-0.5-rank-128, unroll-3-decay-0.5-rank-64-lr-2e-3
                    unroll-3-decay-0.5-rank-64 with a LoRA of rank 128 (alpha 256), or a learning rate of 2e-3
+    fused-features-rank-128
+                   HeadSettings() of 2026-11-29 (unroll-3-decay-0.5-rank-128) on EAGLE-3's fused features: the
+                   target's low, middle and last layers side by side (kv.state_layers); every other recipe reads
+                   the last layer alone
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
     default-fp32, default-bf16-autocast
@@ -65,6 +69,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from adaptive_spec.kv import state_layers
 from adaptive_spec.prompts import encode_item
 from adaptive_spec.record import CorrectionRecord, record_from_output
 from benchmarks.settings import RECIPES, AblationSettings
@@ -128,8 +133,10 @@ def score(head: TrainableHead, heldout, depth: int) -> dict:
 def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dict:
     """Train a fresh head with one recipe on `train` (examples) and score it on `heldout` as it goes."""
     torch.manual_seed(args.seed)
-    settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **RECIPES[name]})
-    head = TrainableHead(target)
+    recipe = dict(RECIPES[name])
+    layers = state_layers(target) if recipe.pop("features", "last") == "fused" else state_layers(target)[-1:]
+    settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **recipe})
+    head = TrainableHead(target, feature_layers=layers)
     trainer = HeadTrainer(head, settings, target_id="target", draft_id="head")
     buffer = ReplayBuffer(10**9)
     for example in train:

@@ -8,7 +8,18 @@ result, with its own KV cache. Its output is its prediction of the target's hidd
 distribution. To draft further it feeds its own prediction back: (f'[t], d1) gives f'[t+1] and
 d2, and so on (Li et al., EAGLE, 2024).
 
-    head = DraftHead(target)                              # fuse + a copy of the target's last layer
+The target's state it reads is wider than `f`: the outputs of the target's state layers side by side
+(`kv.state_layers`: a low, a middle and the last, EAGLE-3's fused features, Li et al. 2025; (1, 14, 29) on
+the default model), which a linear `reduce` [layers * hidden -> hidden] turns into one state before the fuse.
+`reduce` starts as the last layer's block alone, so an untrained head, and a version trained before the
+reduction existed (it saved none), read `f` exactly as before; training learns what the lower layers add.
+The head's own predictions are `hidden` wide and skip it. On 160 python records (benchmarks/head_ablation.py,
+400 steps, the default recipe otherwise) the fused head matched the first token 0.65 against 0.56 after 100
+steps, 0.79 against 0.75 after 200, and 0.81 against 0.80 at 400, where 2.35 against 2.32 draft tokens of k = 4
+were accepted a round (docs/figures/head-ablation-fused-python.json): it learns faster, which is what an
+online head's first half hour is.
+
+    head = DraftHead(target)                              # fuse + reduce + a copy of the target's last layer
     states = head(ids, features, position_ids, mask, cache)   # [n, width, hidden]: predicted f
     logits = head.logits(states)                          # through the target's norm and LM head
 
@@ -20,18 +31,21 @@ to the pending token. The accepted drafts are fed again next step with the targe
 place of the head's own, so every round starts from exact features (`HeadDrafter.on_commit`).
 
 Cost: one decoder layer (3.5 M weights on the default model) plus the fuse (0.66 M) and the LM
-head restricted to the traffic's tokens, against 30 layers and a 49152-row head for the target.
-The layer starts as a copy of the target's last layer and the fuse as `f + e` (identity on both
-halves); a trained head version (trainer/) replaces both. The target never changes.
+head restricted to the traffic's tokens, against 30 layers and a 49152-row head for the target; the
+reduction (1 M) runs once a step, on the target's states only. The layer starts as a copy of the target's
+last layer and the fuse as `f + e` (identity on both halves); a trained head version (trainer/) replaces
+them and the reduction. The target never changes.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,6 +59,7 @@ from adaptive_spec.drafters.vocab import DraftVocab, draft_logits, greedy_picks
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
 COMPILED_FEED_MAX = 64  # tokens (rows x width) a compiled head forward takes; a prompt's catch-up runs eager
 _FUSE_KEY = re.compile(r"^(?:base_model\.model\.)?fuse(?:\.modules_to_save\.[^.]+)?\.weight$")
+_REDUCE_KEY = re.compile(r"^(?:base_model\.model\.)?reduce(?:\.modules_to_save\.[^.]+)?\.weight$")
 
 
 class DraftHead(nn.Module):
@@ -52,18 +67,33 @@ class DraftHead(nn.Module):
     embedding are the target's, held outside the module tree so that state dicts, adapters and
     optimisers see only the head's own weights."""
 
-    def __init__(self, target):
+    def __init__(self, target, feature_layers: Sequence[int] | None = None):
         super().__init__()
         self.config = target.config
         hidden = target.config.hidden_size
         layers = decoder_layers(target, "head")
         reference = next(layers[-1].parameters())
+        self.feature_layers = tuple(kv.state_layers(target) if feature_layers is None else feature_layers)
+        if self.feature_layers[-1] != len(layers) - 1 or not all(
+            0 <= a < b for a, b in itertools.pairwise(self.feature_layers)
+        ):
+            raise ValueError(
+                f"feature layers must rise and end at the last layer ({len(layers) - 1}), got {self.feature_layers}"
+            )
         self.fuse = nn.Linear(2 * hidden, hidden, bias=False, device=reference.device, dtype=reference.dtype)
         with torch.no_grad():
             eye = torch.eye(hidden, device=reference.device, dtype=reference.dtype)
             self.fuse.weight.copy_(torch.cat([eye, eye], dim=1))  # f + e
+        self.reduce: nn.Linear | None = None
+        if len(self.feature_layers) > 1:  # EAGLE-3's fused features: [low | ... | last] -> hidden, at first the last
+            wide = len(self.feature_layers) * hidden
+            self.reduce = nn.Linear(wide, hidden, bias=False, device=reference.device, dtype=reference.dtype)
+            with torch.no_grad():
+                self.reduce.weight.zero_()
+                self.reduce.weight[:, wide - hidden :].copy_(eye)
         self.layer = copy.deepcopy(layers[-1])
-        self.layer.self_attn.layer_idx = 0  # the head's cache has one layer
+        attention: Any = self.layer.self_attn
+        attention.layer_idx = 0  # the head's cache has one layer
         self.shared = SimpleNamespace(
             embed=target.model.embed_tokens,
             norm=target.model.norm,
@@ -90,6 +120,8 @@ class DraftHead(nn.Module):
         cache or mask (training) the attention is causal over the width."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+        if self.reduce is not None and features.shape[-1] != self.config.hidden_size:  # the target's layers, not
+            features = self.reduce(features)  # the head's own predicted state
         fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
         rotary = self.shared.rotary(fused, position_ids=position_ids, **self._rotary_kwargs)
         return self.layer(
@@ -100,23 +132,30 @@ class DraftHead(nn.Module):
             position_embeddings=rotary,
         )
 
-    def with_weights(self, fuse: torch.Tensor | None, lora_pairs: dict) -> DraftHead:
+    def with_weights(
+        self, fuse: torch.Tensor | None, lora_pairs: dict, reduce: torch.Tensor | None = None
+    ) -> DraftHead:
         """A new head sharing the target's modules, with this one's weights plus a LoRA merged into
-        its layer and, when given, a new fuse weight [hidden, 2 * hidden]."""
+        its layer and, when given, a new fuse weight [hidden, 2 * hidden] and reduction [hidden, layers * hidden]
+        (a version trained without one reads the last layer alone, as this head's reduction starts)."""
         head = DraftHead.__new__(DraftHead)
         nn.Module.__init__(head)
-        head.config, head.shared, head.layer_type, head._rotary_kwargs = (
+        head.config, head.shared, head.layer_type, head._rotary_kwargs, head.feature_layers = (
             self.config,
             self.shared,
             self.layer_type,
             self._rotary_kwargs,
+            self.feature_layers,
         )
         head.fuse = copy.deepcopy(self.fuse)
+        head.reduce = copy.deepcopy(self.reduce)
         head.layer = copy.deepcopy(self.layer)
         modules = dict(head.layer.named_modules())
         with torch.no_grad():
             if fuse is not None:
                 head.fuse.weight.copy_(fuse.to(head.fuse.weight))
+            if reduce is not None and head.reduce is not None:  # build_weights checked that it fits
+                head.reduce.weight.copy_(reduce.to(head.reduce.weight))
             for name, (lora_a, lora_b, scaling) in lora_pairs.items():
                 linear = modules[name.removeprefix("layer.")]
                 linear.weight += ((lora_b.float() @ lora_a.float()) * scaling).to(linear.weight)
@@ -138,16 +177,16 @@ def _head_step(head: DraftHead, ids, features, positions, mask, cache, vocab_row
 
 
 class Features:
-    """A row's target hidden states by position, `[positions, hidden]`, grown by appending.
+    """A row's target states by position, `[positions, layers * hidden]` (kv.state_layers), grown by appending.
 
-    A head draft reads the target's hidden state at position t - 1 to draft token t + 1. The
+    A head draft reads the target's state at position t - 1 to draft token t + 1. The
     target computes them while prefilling and verifying; a row keeps every one of its context
-    (2.3 KB per token for the default model in fp32), so that a head whose cache was cleared (an
+    (3.5 KB per token for the default model in bf16, three layers of 576), so that a head whose cache was cleared (an
     adapter swap) can catch up without running the target again.
     """
 
     def __init__(self, first: torch.Tensor):
-        self._data = first.clone()  # [capacity, hidden]
+        self._data = first.clone()  # [capacity, layers * hidden]
         self.length = first.shape[0]
 
     def append(self, states: torch.Tensor) -> None:
@@ -185,7 +224,7 @@ class HeadDrafter(Drafter):
     builds_trees = True
 
     def __init__(self, target, name: str = "head"):
-        self.head = DraftHead(target).eval().requires_grad_(False)
+        self.head = DraftHead(target).eval().requires_grad_(False)  # reads the states as kv.feed gives them
         exact.draft_products(self.head)  # its own linears (fuse, layer) may take the fast bf16 product
         self.name = name
         self.device = next(self.head.parameters()).device
@@ -246,7 +285,9 @@ class HeadDrafter(Drafter):
         from adaptive_spec import adapters
 
         fuse = {key: t for key, t in tensors.items() if _FUSE_KEY.match(key)}
-        pairs = adapters.lora_pairs(config, {key: t for key, t in tensors.items() if key not in fuse})
+        pairs = adapters.lora_pairs(
+            config, {key: t for key, t in tensors.items() if key not in fuse and not _REDUCE_KEY.match(key)}
+        )
         modules = dict(self.head.named_modules())
         for name, (lora_a, lora_b, _) in pairs.items():
             module = modules.get(name)
@@ -262,7 +303,14 @@ class HeadDrafter(Drafter):
             raise adapters.AdapterError(
                 f"fuse: {tuple(weight.shape)} does not fit {tuple(self.head.fuse.weight.shape)}"
             )
-        return self.head.with_weights(weight, pairs)
+        reduce = next((t for key, t in tensors.items() if _REDUCE_KEY.match(key)), None)
+        if reduce is not None and (self.head.reduce is None or reduce.shape != self.head.reduce.weight.shape):
+            wanted = None if self.head.reduce is None else tuple(self.head.reduce.weight.shape)
+            raise adapters.AdapterError(
+                f"reduce: {tuple(reduce.shape)} does not fit this head's {wanted} (the target's state layers "
+                f"{self.head.feature_layers})"
+            )
+        return self.head.with_weights(weight, pairs, reduce)
 
     @torch.inference_mode()
     def propose(
@@ -373,8 +421,8 @@ class HeadDrafter(Drafter):
         """The target's states at positions start - 1 .. len(ids) - 2: the inputs beside tokens
         start .. len(ids) - 1. A row whose prompt is one token has none yet (zeros before it)."""
         if row.draft_state is None:
-            hidden = self.head.config.hidden_size
-            return torch.zeros(len(row.ids) - start, hidden, dtype=self.head.fuse.weight.dtype, device=self.device)
+            wide = self.head.config.hidden_size * len(self.head.feature_layers)
+            return torch.zeros(len(row.ids) - start, wide, dtype=self.head.fuse.weight.dtype, device=self.device)
         return row.draft_state.get(start - 1, len(row.ids) - 1)
 
     def _feed(
@@ -399,6 +447,8 @@ class HeadDrafter(Drafter):
             features = torch.zeros(len(tokens), width, states[0].shape[-1], dtype=states[0].dtype, device=self.device)
             for i, row_states in enumerate(states):
                 features[i, width - len(row_states) :] = row_states
+        if head.reduce is not None and features.shape[-1] != head.config.hidden_size:  # the target's state layers:
+            features = head.reduce(features)  # reduced here, so that the compiled step sees one width
         forward = self._compiled if len(tokens) * width <= COMPILED_FEED_MAX else None
         if forward is not None and cache.keys[0] is None:
             cache.allocate_for(head)  # not inside the graph (kv.BatchCache.allocate_for)

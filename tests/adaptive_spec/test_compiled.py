@@ -52,6 +52,30 @@ def test_the_compiled_step_is_exact_and_one_graph_serves_every_shape(compiled_en
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a new shape recompiled the step"
 
 
+def test_the_steps_states_are_the_state_layers_outputs_side_by_side(compiled_engine) -> None:
+    """A head reads the target's state layers (kv.state_layers: EAGLE-3's low, middle and last) side by side. The
+    compiled step taps the layers before the last as it runs (compiled._Tap); its states match the eager
+    forward's outputs of those layers (kv.capture_states), the last block is what its logits came from, and the
+    prompt's prefill hands the drafter the same."""
+    model = compiled_engine.target
+    hidden = model.config.hidden_size
+    assert kv.state_layers(model) == (0, 1)  # two layers: the first, and the last
+    ids = PROMPTS[3]
+    cache = kv.BatchCache.for_model(model)
+    cache.add_row()
+    with torch.inference_mode():
+        logits, states = kv.feed(model, cache, [0], [ids], all_logits=True, hidden=True)  # compiled
+        with kv.capture_states(model) as captured:
+            model.model(input_ids=torch.tensor([ids]), use_cache=False)  # eager, hooked
+        eager = captured[0].float()
+        normed = model.lm_head(model.model.norm(states[..., -hidden:]))
+    assert states.shape == (1, len(ids), 2 * hidden) and eager.shape == states.shape
+    assert (states.float() - eager).abs().max() <= 0.05 * eager.abs().max()
+    first, last = states[0, :, :hidden].float(), states[0, :, hidden:].float()
+    assert (first - last).abs().max() > 0.1 * last.abs().max()  # two layers, not one twice
+    assert torch.equal(normed.argmax(-1), logits.argmax(-1))
+
+
 def test_one_token_steps_are_padded_for_a_lone_row_only_unless_the_check_asked_for_it(compiled_engine) -> None:
     step = kv.COMPILED[compiled_engine.target]
     assert not step.pad_plain_steps  # the check passed without padding several rows' plain steps

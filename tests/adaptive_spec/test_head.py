@@ -83,6 +83,7 @@ def test_head_weights_are_the_heads_own_and_the_target_is_untouched() -> None:
     head = engine.drafter.head
     assert {name for name, _ in head.named_parameters()} == {
         "fuse.weight",
+        "reduce.weight",  # the target's state layers (kv.state_layers) -> one state
         *(f"layer.{n}" for n, _ in head.layer.named_parameters()),
     }
     target_ptrs = {p.data_ptr() for p in target.parameters()}

@@ -32,7 +32,7 @@ from adapter_files import make_adapter
 from tiny import llama
 from traffic import greedy_records
 
-from adaptive_spec import Engine
+from adaptive_spec import Engine, kv
 from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.models import native_bf16
@@ -112,8 +112,15 @@ def test_the_states_are_the_targets_own_lined_up_as_the_head_reads_them(run):
     top1 = torch.from_numpy(record.target_topk_ids[:, 0])
     assert torch.equal(logits[example.positions].argmax(-1), top1)
     assert torch.equal(top1, torch.tensor(record.output_ids))  # greedy traffic
-    # Beside token t the head reads the state at t - 1; zeros before position 0.
-    assert torch.equal(batch.features[0, 1:], batch.states[0, :-1]) and not batch.features[0, 0].any()
+    # Beside token t the head reads the state at t - 1 (the target's state layers side by side, the last layer's
+    # last); zeros before position 0.
+    hidden = run.target.config.hidden_size
+    assert head.feature_layers == kv.state_layers(run.target) == (1, 3)
+    assert batch.features.shape[-1] == 2 * hidden and batch.states.shape[-1] == hidden
+    assert torch.equal(batch.features[0, 1:, hidden:], batch.states[0, :-1]) and not batch.features[0, 0].any()
+    with kv.capture_states(run.target) as captured, torch.no_grad():
+        run.target.model(input_ids=torch.tensor([example.input_ids.tolist()]), use_cache=False)
+    assert torch.allclose(batch.features[0, 1:], captured[0][0, :-1].half().float())  # kept in fp16
     assert len(head.states) == 1 and head.states.forwards == 1  # one target forward, kept with the record
     head_batch(head, [(record, example)])
     assert head.states.forwards == 1
@@ -144,6 +151,23 @@ def test_a_head_that_is_a_one_layer_target_scores_one_at_every_chained_step():
     assert chain["match"] == [1.0, 1.0, 1.0]
     # Chains that start in the last two output positions run past the output: 12 x 16 chains in all.
     assert chain["chains"] == 12 * 16 and chain["accepted_per_round"] == pytest.approx((14 * 3 + 2 + 1) / 16)
+
+
+def test_a_head_on_several_layers_starts_as_one_on_the_last_alone():
+    """EAGLE-3's fused features: the reduction [layers * hidden -> hidden] starts as the last layer's block alone,
+    so a new head, and a version trained before the reduction existed, read what a head on the last layer
+    reads."""
+    target = llama(5, vocab=VOCAB)
+    records = greedy_records(target, 12, new_tokens=16)
+    fused, last = TrainableHead(target), TrainableHead(target, feature_layers=(3,))
+    assert fused.reduce is not None and last.reduce is None
+    assert draft_agreement(fused, records) == draft_agreement(last, records)
+    example = examples_from_record(records[0])
+    wide, narrow = head_batch(fused, [(records[0], example)]), head_batch(last, [(records[0], example)])
+    with torch.no_grad():
+        assert torch.equal(fused(wide.input_ids, wide.features), last(narrow.input_ids, narrow.features))
+    with pytest.raises(ValueError, match="end at the last layer"):
+        TrainableHead(target, feature_layers=(1, 2))
 
 
 def test_unrolled_steps_read_the_heads_own_previous_prediction():
@@ -269,9 +293,10 @@ def test_only_lora_and_the_fuse_train_and_the_target_is_untouched(run):
     assert all(torch.equal(after[name], before) for name, before in run.weights_before.items())
     assert not any("lora" in name for name, _ in run.target.named_modules())
     trainable = [name for name, p in run.trainer.model.named_parameters() if p.requires_grad]
-    assert len(trainable) == 2 * 7 + 1  # A and B on the layer's 7 projections, and the fuse's trained copy
+    assert len(trainable) == 2 * 7 + 2  # A and B on the layer's 7 projections, the fuse's and reduction's copies
     assert all(
-        ("lora_" in name and ".layer." in name) or name.endswith("fuse.modules_to_save.default.weight")
+        ("lora_" in name and ".layer." in name)
+        or name.endswith(("fuse.modules_to_save.default.weight", "reduce.modules_to_save.default.weight"))
         for name in trainable
     )
     assert all(p.grad is None for p in run.target.parameters())
@@ -332,6 +357,32 @@ def test_the_engine_serves_a_version_as_the_trainer_trained_it_and_stays_lossles
     assert {out.stats.adapter_version for out in outputs} == {"1"}
 
 
+def test_a_version_from_before_the_reduction_serves_and_trains_on_as_before(run, tmp_path):
+    """A version trained on the last layer alone (no reduction saved) serves as it was trained, through the
+    head's reduction at its start, and a lineage continued from it keeps reading the last layer alone."""
+    old = HeadTrainer(TrainableHead(run.target, feature_layers=(3,)), SETTINGS)
+    examples = [examples_from_record(each) for each in run.train_records[:24]]
+    for _ in range(3):
+        old.train_step(examples)
+    path = old.save(tmp_path / "old")
+    assert AdapterDir(path).metadata().to_dict()["draft_config"]["feature_layers"] == [3]
+    engine = Engine(run.target, "head", eos_token_id=[])
+    engine.load_adapter(path, "1")
+    served = engine.adapters.general.weights
+    record = run.holdout[0]
+    wide = head_batch(TrainableHead(run.target), [(record, examples_from_record(record))])
+    narrow = head_batch(old.head, [(record, examples_from_record(record))])
+    with torch.no_grad():
+        assert torch.allclose(
+            served(wide.input_ids, wide.features), old.head(narrow.input_ids, narrow.features), atol=1e-4
+        )
+    continued = HeadTrainer(TrainableHead(run.target), SETTINGS, init_adapter=path)
+    assert continued._reduce is None  # nothing to continue: the reduction stays at the last layer
+    assert draft_agreement(continued.model, run.holdout) == draft_agreement(old.model, run.holdout)
+    saved = continued.save(tmp_path / "continued")
+    assert AdapterDir(saved).metadata().to_dict()["draft_config"]["feature_layers"] == [3]
+
+
 def test_a_corrupt_or_mismatched_head_is_refused_and_the_served_one_stays(run, tmp_path):
     good = AdapterDir(run.trainer.save(tmp_path / "good"))
     good.seal(version=1)
@@ -354,6 +405,9 @@ def test_a_corrupt_or_mismatched_head_is_refused_and_the_served_one_stays(run, t
     wider = HeadTrainer(TrainableHead(llama(0, vocab=VOCAB, hidden=96)), HeadSettings(r=8)).save(tmp_path / "wider")
     with pytest.raises(AdapterError, match=r"does not fit|the module is"):
         engine.load_adapter(wider, "4")
+    deeper = HeadTrainer(TrainableHead(llama(0, vocab=VOCAB, layers=8)), HeadSettings(r=8)).save(tmp_path / "deeper")
+    with pytest.raises(AdapterError, match=r"reduce: \(64, 192\) does not fit this head's \(64, 128\)"):
+        engine.load_adapter(deeper, "5")  # the state layers of an 8-layer target: (1, 3, 7)
     assert engine.adapter_version == "1"  # every refusal left the served head in place
 
     with pytest.raises(AdapterError):  # and a head version is not an early-exit adapter

@@ -17,13 +17,16 @@ then treat a head version as any adapter version.
 Small CPU check (tiny random models, one thread, about 30 s):
 `.venv/bin/python -m pytest tests/trainer/test_head_distill.py -q`.
 
-What the head reads. To draft token t + 1 the head takes the target's hidden state entering its
-final norm at position t - 1 (`S[t-1]`) and the embedding of token t. The records hold tokens and
-the target's top-m, not states, so the trainer runs the target once over each sequence it trains
-or gates on (prompt + output, `TargetStates`) and keeps the states with the example, in fp16, until
-the replay buffer or the held-out set lets the example go. Teacher-forced, the input at position t
-is (S[t-1], token t) (zeros before position 0), and the targets at t are the next token's logged
-top-m and S[t] itself.
+What the head reads. To draft token t + 1 the head takes the target's state at position t - 1 and the
+embedding of token t: the outputs of the target's state layers there side by side (`F[t-1]`, EAGLE-3's
+fused features: kv.state_layers, a low, a middle and the last), which the head's `reduce` turns into one
+state (adaptive_spec/drafters/head.py says why it starts as the last layer's block alone). `S[t]` is the
+last of them, what enters the target's final norm. The records hold tokens and the target's top-m, not
+states, so the trainer runs the target once over each sequence it trains or gates on (prompt + output,
+`TargetStates`) and keeps the states with the example, in fp16, until the replay buffer or the held-out set
+lets the example go. Teacher-forced, the input at position t is (F[t-1], token t) (zeros before position 0),
+and the targets at t are the next token's logged top-m and S[t]. `reduce` is trained whole, as the fuse is
+(a lineage continued from a version saved without one keeps reading the last layer alone).
 
 The loss of a step, with each output position weighted as in distill.py (`rejected_weight`,
 `accepted_weight`) and `w` the step weights of the unrolled draft steps (1, then `unroll_decay`):
@@ -36,7 +39,8 @@ The loss of a step, with each output position weighted as in distill.py (`reject
 - the regression pulls the head's predicted state P_j[t] onto the target's S[t] at every position,
   both divided by the RMS of S[t] (`r[t]`): the default model's states have an RMS near 40 with a
   few dimensions in the thousands, so an unscaled loss would be set by those few dimensions;
-- noise: the true states fed in are perturbed by uniform noise of half-width `noise * r[t-1]`
+- noise: the true states fed in are perturbed by uniform noise of half-width `noise * r[t-1]` (each
+  layer's by its own RMS)
   during training, so the head learns to read states that are not exact, as its own are when it
   drafts a second token (EAGLE, Li et al. 2024, section 4);
 - unroll: with `unroll = 2` a second draft step is trained on the head's own predicted states, as
@@ -63,8 +67,8 @@ alone, and the Adam steps a round can take do not grow the embedding's half 300-
 ratio of the target's typical state RMS to its embedding RMS, measured once on a fixed probe.
 
 Cost, measured on the default model (fp32, one thread, in bench-drift's trainer thread): the
-target forward is about 2.5 ms a token (0.4 s for a 160-token record) and the states take 1.15 KB a
-token in fp16: 230 MB for a full 200,000-token replay buffer. The target is the serving engine's
+target forward is about 2.5 ms a token (0.4 s for a 160-token record) and the states take 3.5 KB a
+token in fp16 (three layers of 576): 690 MB for a full 200,000-token replay buffer. The target is the serving engine's
 own in bench-drift and `adaptive-spec up`; `adaptive-spec train` loads one (540 MB in fp32).
 """
 
@@ -177,13 +181,18 @@ class HeadTrainer(TrainedWeights):
             if (settings.r, settings.alpha) == (LoraSettings.r, LoraSettings.alpha):  # the early exit's shape
                 del given["r"], given["alpha"]
             settings = HeadSettings(**given)
-        self.settings, lora_config = self._lora_config(settings, init_adapter, modules_to_save=["fuse"])
+        whole = ["fuse"] if head.reduce is None else ["fuse", "reduce"]
+        self.settings, lora_config = self._lora_config(settings, init_adapter, modules_to_save=whole)
+        whole = list(lora_config.modules_to_save or [])  # a lineage from before the reduction trains none
         self.target_id = target_id
         self.draft_id = draft_id
         self.head = head
-        self._wrap(head, lora_config, ("lora_", ".fuse.modules_to_save."), "LoRA weights and the fuse")
+        may_train = ("lora_", *(f".{name}.modules_to_save." for name in whole))
+        self._wrap(head, lora_config, may_train, "LoRA weights, the fuse and the reduction")
         self._fuse = head.fuse.modules_to_save["default"]  # the trained copy; head.fuse.original_module is the base
         self._fuse_start = self._initial_fuse()
+        self._reduce = head.reduce.modules_to_save["default"] if "reduce" in whole else None
+        self._reduce_start = head.reduce.original_module.weight.detach().clone() if "reduce" in whole else None
         with torch.no_grad():
             self._fuse.weight.copy_(self._fuse_start)
         self._start(init_adapter)
@@ -206,9 +215,11 @@ class HeadTrainer(TrainedWeights):
     def _loss(self, batch: HeadBatch, total_weight: float, total_tokens: int) -> torch.Tensor:
         settings = self.settings
         features = batch.features
-        if settings.noise > 0:
-            scale = features.pow(2).mean(-1, keepdim=True).sqrt()  # [b, seq, 1]: 0 before position 0
-            features = features + (torch.rand_like(features) * 2 - 1) * settings.noise * scale
+        if settings.noise > 0:  # relative to each layer's state's RMS
+            b, seq, wide = features.shape
+            blocks = features.view(b, seq, wide // self._hidden_size(), self._hidden_size())
+            scale = blocks.pow(2).mean(-1, keepdim=True).sqrt()  # [b, seq, layers, 1]: 0 before position 0
+            features = (blocks + (torch.rand_like(blocks) * 2 - 1) * settings.noise * scale).view(b, seq, wide)
         weights = self._weights(batch.accepted).to(features.device)  # [positions]
         logits, topk_ids = softmax_columns(self.head, batch.target_topk_ids, settings.softmax)
         loss = features.new_zeros(())
@@ -234,6 +245,10 @@ class HeadTrainer(TrainedWeights):
             "kind": "head",
             **{key: getattr(config, key, None) for key in ("model_type", "hidden_size", "vocab_size")},
             "num_hidden_layers": 1,
+            # the target's layers it reads, side by side (without a trained reduction, the last alone)
+            "feature_layers": list(
+                self.head.feature_layers if self._reduce is not None else self.head.feature_layers[-1:]
+            ),
         }
         return self._save(Path(adapter_dir), draft_config, target_state_forwards=self.states.forwards)
 
@@ -251,6 +266,8 @@ class HeadTrainer(TrainedWeights):
         with torch.no_grad():
             self._reset_lora()
             self._fuse.weight.copy_(self._fuse_start)
+            if self._reduce is not None:
+                self._reduce.weight.copy_(self._reduce_start)
         self.optimizer.state.clear()
 
     def _initial_fuse(self) -> torch.Tensor:

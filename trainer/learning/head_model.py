@@ -4,7 +4,9 @@ batches of examples with their states (`head_batch`), and the head unrolled on i
 (`unrolled`). Trained by trainer/learning/head_distill.py; the module docstring there says what the head
 reads and how it learns.
 
-    head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I]
+    head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I], reading
+                                                    # the target's state layers (kv.state_layers)
+    TrainableHead(target, feature_layers=(29,))     # the last layer alone (the default model's 30 layers)
     head.gate_figures(records)                      # GateFigures of its first draft token
     head.chain_figures(records, depth=4)            # how it does on its own states, step by step
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from adaptive_spec.drafters.head import DraftHead
-from adaptive_spec.kv import capture_final_norm_input
+from adaptive_spec.kv import capture_states
 from adaptive_spec.record import CorrectionRecord
 from trainer.evaluation.gate import GateFigures, Tally
 from trainer.intake.examples import TrainingExample, collate, examples_from_record, micro_batches
@@ -29,16 +31,18 @@ FUSE_PROBE_TOKENS = 64  # the fixed probe that sets the fuse's embedding scale
 
 
 class TargetStates:
-    """The target's hidden state entering its final norm at every position of a sequence, from one
-    target forward, kept as long as the object it belongs to (an example, a held-out record) lives.
+    """The target's states at every position of a sequence (its `layers`' outputs side by side, the last what
+    enters its final norm; kv.state_layers by default), from one target forward, kept as long as the object
+    it belongs to (an example, a held-out record) lives.
 
     Example: a record of a 90-token prompt and a 64-token output trains on 153 input tokens; one
-    target forward over them gives `[153, hidden]` states, kept in fp16 (176 KB on the default model).
+    target forward over them gives `[153, 3 * hidden]` states, kept in fp16 (529 KB on the default model).
     """
 
-    def __init__(self, target, dtype: torch.dtype = torch.float16) -> None:
+    def __init__(self, target, dtype: torch.dtype = torch.float16, layers: tuple[int, ...] | None = None) -> None:
         self.target = target
         self.dtype = dtype
+        self.layers = layers  # the layers whose outputs, side by side, make a state (None: kv.state_layers)
         self.forwards = 0
         self.tokens = 0
         self.seconds = 0.0
@@ -65,21 +69,23 @@ class TargetStates:
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         decoder = self.target.model
-        with capture_final_norm_input(self.target) as captured:
+        with capture_states(self.target, layers=self.layers) as captured:
             decoder(input_ids=input_ids[None].to(decoder.embed_tokens.weight.device), use_cache=False)
         self.forwards += 1
         self.tokens += int(input_ids.shape[0])
         self.seconds += time.perf_counter() - started
-        return captured[0][0].to(self.dtype).cpu()  # [seq, hidden]
+        return captured[0][0].to(self.dtype).cpu()  # [seq, hidden * layers]
 
 
 class TrainableHead(DraftHead):
     """A `DraftHead` as the trainer holds it: with the target whose states it reads (`states`, not a
     submodule), so that the gate can score it (`gate_figures`) like any draft model."""
 
-    def __init__(self, target, state_dtype: torch.dtype = torch.float16) -> None:
-        super().__init__(target)
-        self.states = TargetStates(target, state_dtype)
+    def __init__(
+        self, target, state_dtype: torch.dtype = torch.float16, feature_layers: tuple[int, ...] | None = None
+    ) -> None:
+        super().__init__(target, feature_layers)
+        self.states = TargetStates(target, state_dtype, self.feature_layers)
         self.embedding_scale = _embedding_scale(self, target)
 
     def gate_figures(
@@ -152,8 +158,8 @@ class HeadBatch:
     """Examples padded on the right with the target's states beside each token."""
 
     input_ids: torch.Tensor  # [b, seq] int64, 0-padded
-    features: torch.Tensor  # [b, seq, hidden]: the target's state at t - 1 beside token t (zeros at t = 0)
-    states: torch.Tensor  # [b, seq, hidden]: the target's state at t, what the head predicts there
+    features: torch.Tensor  # [b, seq, layers * hidden]: the target's state at t - 1 beside token t (zeros at t = 0)
+    states: torch.Tensor  # [b, seq, hidden]: the target's last layer's at t, what the head predicts there
     real: torch.Tensor  # [b, seq] bool: not padding
     rows: torch.Tensor  # [positions] int64: which example
     cols: torch.Tensor  # [positions] int64: which input index predicts the output position
@@ -167,14 +173,15 @@ def head_batch(head: TrainableHead, group: list[tuple[object, TrainingExample]])
     batch = collate([example for _, example in group])
     b, seq = batch.input_ids.shape
     device = head.fuse.weight.device
-    states = torch.zeros(b, seq, head.config.hidden_size)
+    hidden = head.config.hidden_size
+    states = torch.zeros(b, seq, hidden * len(head.feature_layers))
     for row, (owner, example) in enumerate(group):
         states[row, : example.num_tokens] = head.states.of(owner, example.input_ids)
     features = torch.cat([torch.zeros(b, 1, states.shape[-1]), states[:, :-1]], dim=1)
     return HeadBatch(
         batch.input_ids.to(device),
         features.to(device),
-        states.to(device),
+        states[..., -hidden:].to(device),
         batch.attention_mask.bool().to(device),
         batch.rows.to(device),
         batch.cols.to(device),
@@ -246,7 +253,7 @@ def _embedding_scale(head: DraftHead, target) -> float:
     and the rows' own RMS put the head's fuse 8x off on a 64-wide Gemma 3, which training made worse."""
     vocab = head.shared.embed.weight.shape[0]
     probe = torch.arange(1, FUSE_PROBE_TOKENS + 1) % vocab
-    states = TargetStates(target, torch.float32)._forward(probe)[1:]  # [probe - 1, hidden]
+    states = TargetStates(target, torch.float32, head.feature_layers[-1:])._forward(probe)[1:]  # [probe - 1, hidden]
     state_rms = states.pow(2).mean(-1).sqrt().median()
     with torch.no_grad():
         embedded = head.shared.embed(probe.to(head.shared.embed.weight.device))  # [probe, hidden]
