@@ -172,7 +172,7 @@ class CompiledStep:
     what enters the final norm)."""
 
     def __init__(self, model: exact.CausalLM):
-        decoder = model.model if hasattr(model, "model") else model.get_decoder()
+        decoder = kv.decoder_of(model)
         self.norm = decoder.norm
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)

@@ -428,7 +428,7 @@ def feed(
     positions, mask = cache.inputs(rows, fed, width, trees=trees)
     with capture_states(model, hidden) as captured:
         if decoder_only:
-            decoder = model.model if hasattr(model, "model") else model.get_decoder()
+            decoder = decoder_of(model)
             states = decoder(
                 input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
             ).last_hidden_state  # [n, width, hidden]
@@ -510,13 +510,18 @@ def _compiled_prefill(
     return (out, states[:, states.shape[1] - max(len(f) for f in feeds) :]) if hidden else out
 
 
+def decoder_of(model):
+    """A causal LM's decoder (`model.model` in the Llama family): its layers, its final norm."""
+    return model.model if hasattr(model, "model") else model.get_decoder()
+
+
 def state_layers(model) -> tuple[int, ...]:
     """The decoder layers whose outputs make up the target's state at a position, side by side in this order, as
     `feed(..., hidden=True)` returns it and a head draft reads it: EAGLE-3's low, middle and high features (Li et
     al. 2025), the outputs of the second layer, of the one before the middle and of the last (what enters the
     final norm). On the default model's 30 layers (1, 14, 29): a state is 3 x 576 wide. A model whose layers are
     not at `model.model.layers` (no head draft serves it) gives the last alone, `(-1,)`."""
-    decoder = model.model if hasattr(model, "model") else model.get_decoder()
+    decoder = decoder_of(model)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         return (-1,)
@@ -527,14 +532,14 @@ def state_layers(model) -> tuple[int, ...]:
 @contextmanager
 def capture_states(model, active: bool = True, layers: tuple[int, ...] | None = None):
     """Collect the target's states (`state_layers`, or these `layers`) of each forward during the block, a
-    `[n, width, hidden * len(layers)]` tensor per forward, once it returns (`states_of`). This thread's calls
+    `[n, width, hidden * len(layers)]` tensor per forward, once the block ends. This thread's calls
     only: an early-exit draft shares the final norm and may run in another thread; the head trainer runs the
     serving engine's target in its own. The last layer's output is taken where it enters the final norm."""
     captured: list[torch.Tensor] = []
     if not active:
         yield captured
         return
-    decoder = model.model if hasattr(model, "model") else model.get_decoder()
+    decoder = decoder_of(model)
     layers = state_layers(model) if layers is None else layers
     owner = threading.get_ident()
 

@@ -134,7 +134,9 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
     """Train a fresh head with one recipe on `train` (examples) and score it on `heldout` as it goes."""
     torch.manual_seed(args.seed)
     recipe = dict(RECIPES[name])
-    layers = state_layers(target) if recipe.pop("features", "last") == "fused" else state_layers(target)[-1:]
+    layers = state_layers(target)
+    if recipe.pop("features", "last") != "fused":
+        layers = layers[-1:]
     settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **recipe})
     head = TrainableHead(target, feature_layers=layers)
     trainer = HeadTrainer(head, settings, target_id="target", draft_id="head")

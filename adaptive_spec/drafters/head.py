@@ -120,9 +120,7 @@ class DraftHead(nn.Module):
         cache or mask (training) the attention is causal over the width."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
-        if self.reduce is not None and features.shape[-1] != self.config.hidden_size:  # the target's layers, not
-            features = self.reduce(features)  # the head's own predicted state
-        fused = self.fuse(torch.cat([features, self.shared.embed(input_ids)], dim=-1))
+        fused = self.fuse(torch.cat([self.reduced(features), self.shared.embed(input_ids)], dim=-1))
         rotary = self.shared.rotary(fused, position_ids=position_ids, **self._rotary_kwargs)
         return self.layer(
             fused,
@@ -131,6 +129,13 @@ class DraftHead(nn.Module):
             past_key_values=past_key_values,
             position_embeddings=rotary,
         )
+
+    def reduced(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., layers * hidden] target states -> [..., hidden] through `reduce`; the head's own predicted states
+        ([..., hidden]) as they are."""
+        if self.reduce is None or features.shape[-1] == self.config.hidden_size:
+            return features
+        return self.reduce(features)
 
     def with_weights(
         self, fuse: torch.Tensor | None, lora_pairs: dict, reduce: torch.Tensor | None = None
@@ -447,8 +452,7 @@ class HeadDrafter(Drafter):
             features = torch.zeros(len(tokens), width, states[0].shape[-1], dtype=states[0].dtype, device=self.device)
             for i, row_states in enumerate(states):
                 features[i, width - len(row_states) :] = row_states
-        if head.reduce is not None and features.shape[-1] != head.config.hidden_size:  # the target's state layers:
-            features = head.reduce(features)  # reduced here, so that the compiled step sees one width
+        features = head.reduced(features)  # here, not in the compiled step, so that it sees one width
         forward = self._compiled if len(tokens) * width <= COMPILED_FEED_MAX else None
         if forward is not None and cache.keys[0] is None:
             cache.allocate_for(head)  # not inside the graph (kv.BatchCache.allocate_for)

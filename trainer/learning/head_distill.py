@@ -39,9 +39,8 @@ The loss of a step, with each output position weighted as in distill.py (`reject
 - the regression pulls the head's predicted state P_j[t] onto the target's S[t] at every position,
   both divided by the RMS of S[t] (`r[t]`): the default model's states have an RMS near 40 with a
   few dimensions in the thousands, so an unscaled loss would be set by those few dimensions;
-- noise: the true states fed in are perturbed by uniform noise of half-width `noise * r[t-1]` (each
-  layer's by its own RMS)
-  during training, so the head learns to read states that are not exact, as its own are when it
+- noise: the true states fed in are perturbed by uniform noise of half-width `noise * r[t-1]`
+  (each layer's state by its own RMS) during training, so the head learns to read states that are not exact, as its own are when it
   drafts a second token (EAGLE, Li et al. 2024, section 4);
 - unroll: with `unroll = 2` a second draft step is trained on the head's own predicted states, as
   it drafts: at position t it reads (P_1[t-1], token t) and attends to the first step's keys at
