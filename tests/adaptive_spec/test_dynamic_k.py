@@ -369,6 +369,43 @@ def test_observed_costs_replace_the_priors() -> None:
     assert policy.draft_s(1) == pytest.approx(0.002)
 
 
+def test_a_steps_drafting_is_a_line_in_its_forwards_once_they_vary() -> None:
+    """The head on an AMD EPYC: a step of 1 / 2 / 4 / 7 draft forwards took 1.42 / 1.84 / 2.75 / 4.12 ms,
+    about 0.97 ms once and 0.45 a forward. While every step drafts 3 there is no line to fit: k forwards
+    at the mean of one, as before."""
+    policy = DynamicK()
+    for _ in range(10):
+        policy.observe_step(rows=1, width=4, verify_s=0.014, draft_rows=1, draft_forwards=3, draft_s=0.0023)
+    assert policy.drafting.line(1) is None
+    assert policy.drafting_s(1, 5) == pytest.approx(5 * 0.0023 / 3)
+    for forwards, seconds in [(1, 0.00142), (2, 0.00184), (4, 0.00275), (7, 0.00412)] * 10:
+        policy.observe_step(1, forwards + 1, 0.014, 1, forwards, seconds)
+    first, per_forward = policy.drafting.line(1)
+    assert first == pytest.approx(0.00097, abs=0.0001) and per_forward == pytest.approx(0.00045, abs=0.00003)
+    assert policy.drafting_s(1, 4) == pytest.approx(first + 4 * per_forward)
+    assert policy.drafting.line(2) is None and policy.drafting_s(2, 3) == pytest.approx(3 * policy.draft_s(2))
+    policy.observe_step(1, 2, 0.014, 1, 1, 0.05, catch_up=True)  # a catch-up is not a draft step
+    assert policy.drafting.line(1) == (first, per_forward)
+    policy.new_draft(None)  # another version: measured again
+    assert policy.drafting.line(1) is None
+
+
+def test_a_dear_first_draft_forward_drafts_deeper_than_its_mean_would() -> None:
+    """That run's verifies (ms by tokens fed) and the python head's profile: at the mean of a forward
+    (0.88 ms) a fourth draft token looks dearer than it is and k = 3; on the line, k = 4 or 5."""
+    profile = [0.76, 0.795, 0.808, 0.587, 0.466]
+    verify_ms = {1: 13.9, 2: 14.1, 3: 13.76, 4: 13.33, 5: 14.34, 6: 14.62, 7: 14.81, 8: 15.94}
+    mean, line = DynamicK(), DynamicK()
+    for policy in (mean, line):
+        for tokens, ms in verify_ms.items():
+            policy.target.observe(tokens, ms / 1000)
+    mean.draft.observe(1, 0.00088)
+    for forwards in [1, 3, 4, 5] * 5:
+        line.drafting.observe(1, forwards, 0.00097 + 0.00045 * forwards)
+    assert mean.choose([profile], [8]) == 3
+    assert line.choose([profile], [8]) in (4, 5)
+
+
 def test_cheap_drafts_that_are_always_accepted_choose_a_large_k() -> None:
     policy = DynamicK(k_max=8)
     alphas = observe(
