@@ -98,8 +98,8 @@ class Row:
             limit = min(limit, max_context - len(self.ids) - 1)
         if not (can_draft and self.request.speculative) or limit <= 0:
             return 0
-        if self.request.k is None and not self.out:  # time to first token: the first step is the target's alone
-            return 0
+        if self.request.k is None and self.request.streamed and not self.out:
+            return 0  # time to first token: a streamed request's first step is the target's alone (Request.streamed)
         return limit
 
 

@@ -39,6 +39,9 @@ class Request:
     # whether the output keeps the target's top-m per position (Engine.record_topk) for a correction record;
     # a server sets False where none will be written (no correction log, or the request opted out of it)
     record: bool = True
+    # whether a client reads the tokens as they come: at dynamic k its first step is then the target's alone, so
+    # the first token does not wait for the draft to catch up on the prompt (Engine.generate's need not)
+    streamed: bool = True
 
 
 @dataclass

@@ -133,7 +133,7 @@ async def _generate(
             _checked,
             engine,
             prompt,
-            {**params, "domain": options.domain},
+            {**params, "domain": options.domain, "streamed": bool(body.stream)},
             body.num_choices,
             "messages" if kind == CHAT else "prompt",
             tools,

@@ -273,6 +273,22 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
     assert plain[0] == plain[1]
 
 
+def test_at_dynamic_k_only_a_streamed_request_starts_with_the_targets_step_alone() -> None:
+    """Time to first token: a stream's first token is the target's alone, as soon as plain decoding would
+    give it. `generate`, read whole, drafts from its first step: a step saved, the same tokens."""
+    engine = Engine(target(0), target(0))  # the target drafting for itself: every draft accepted
+    engine.policy.new_draft(0.99)
+    prompt = PROMPTS["repeating"]
+    first = next(engine.stream(prompt, NEW_TOKENS))
+    assert len(first.token_ids) == 1
+    whole = engine.generate(prompt, NEW_TOKENS)
+    assert whole.proposed[0] != -1 and whole.accepted[0]
+    streamed = list(engine.stream(prompt, NEW_TOKENS))[-1].output
+    assert streamed.proposed[0] == -1 and streamed.token_ids == whole.token_ids
+    assert whole.stats.target_forwards < streamed.stats.target_forwards
+    assert engine.request(prompt).streamed and not engine.request(prompt, streamed=False).streamed
+
+
 def test_a_seed_repeats_under_dynamic_k_whatever_the_policy_learned() -> None:
     engine = Engine(target(0), "early-exit:3")
     prompt, options = PROMPTS["repeating"], dict(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=9)

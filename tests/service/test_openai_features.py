@@ -222,6 +222,22 @@ def test_completion_logprobs_are_the_targets_streamed_or_not_with_or_without_spe
                 assert alternatives == pytest.approx(want, abs=1e-5)
 
 
+def test_a_streamed_request_is_marked_so_and_a_whole_one_is_not(server, tiny_engine, monkeypatch):
+    """Request.streamed: at dynamic k a stream's first step is the target's alone (its first token as soon as
+    plain decoding gives it); an answer sent whole drafts from its first step."""
+    streamed, made = [], tiny_engine.requests
+
+    def requests(*args, **kwargs):
+        built = made(*args, **kwargs)
+        streamed.extend(request.streamed for request in built)
+        return built
+
+    monkeypatch.setattr(tiny_engine, "requests", requests)
+    completion(server, tiny_engine.target_id)
+    completion(server, tiny_engine.target_id, stream=True)
+    assert streamed == [False, True]
+
+
 def test_completion_text_offsets_follow_the_text(json_server, json_engine):
     response = completion(json_server, "tiny-json", prompt="Hello", max_tokens=12, logprobs=0)
     logprobs = response.choices[0].logprobs
