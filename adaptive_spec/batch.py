@@ -77,6 +77,7 @@ class Row:
     adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
     constraints: Constraints | None = None  # penalties, logit bias, grammar: applied to target and draft logits
     free_alpha: float = 0.5  # its acceptance estimate of free proposals (ngram+ drafts), for dynamic k
+    emitted_last: int = 0  # tokens its last step emitted: the most a draft that was there feeds at the next
 
     @property
     def key(self) -> tuple[str | None, str | None]:
@@ -307,8 +308,8 @@ class Batch:
             proposals, draft_s = self._draft(ks, free, limits)
             target_logits, verify_s = self._verify(proposals)
             proposals, target_logits, verdicts = self._accept(proposals, target_logits)
+            self._observe(proposals, draft_s, verify_s)
             emitted = self._commit(proposals, verdicts)
-        self._observe(proposals, draft_s, verify_s)
         self.last_step = (len(self.rows), max(ks))
         results = [
             (row, self._advance(row, p, v, logits, tokens, draft_s, verify_s))
@@ -485,6 +486,7 @@ class Batch:
             if self.drafter is not None:  # kept: the pending token's and the accepted drafts' states
                 kept = None if self._verified_hidden is None else self._verified_hidden[i][columns]
                 self.drafter.on_commit(self.draft_cache, row, before, kept)
+            row.emitted_last = len(tokens)
             emitted.append(tokens)
         return emitted
 
@@ -494,7 +496,11 @@ class Batch:
         width = 1 + max(p.drafted for p in proposals)
         draft_rows = sum(1 for p in proposals if p.forwards)
         forwards = max(p.forwards for p in proposals)
-        catch_up = any(p.fed > 2 for p in proposals)
+        # a catch-up: a draft fed more than the row's last step emitted (+1: a model draft feeds its last token
+        # again), i.e. context it skipped (plain steps, the prompt). A head, whose cache keeps only the target's
+        # states, feeds the accepted tokens again at every step: 4 after 3 accepted is its normal step, which
+        # `fed > 2` counted as a catch-up and left out of the draft's cost (all its dearer first forwards)
+        catch_up = any(p.fed > row.emitted_last + 1 for p, row in zip(proposals, self.rows, strict=True) if p.forwards)
         self.engine.policy.observe_step(len(self.rows), width, verify_s, draft_rows, forwards, draft_s, catch_up)
 
     def _advance(

@@ -10,10 +10,9 @@ n x (k + 1) tokens:
 
     time(k) = drafting_s(n, k) + target_s(n * (k + 1))
 
-where a step's k draft forwards cost a part paid once and a part per forward (`DraftingCosts`:
-the first forward of a step is the dear one), or k times the mean of one until both are measured.
-
-and the batch emits the sum of its rows' tokens. Plain decoding is k = 0: n tokens for
+and the batch emits the sum of its rows' tokens. A step's k draft forwards cost a part paid once and
+a part per forward (`DraftingCosts`: the first forward of a step is the dear one), or k times the mean
+of one until both are measured. Plain decoding is k = 0: n tokens for
 target_s(n). The policy picks the k in 0..k_max with the most tokens per second for the batch,
 from each row's acceptance estimate (its key's, below). Costs are measured, not assumed: the engine reports the
 wall time of every forward, and `StepCosts` keeps a moving average per number of tokens fed.
@@ -195,15 +194,22 @@ class DraftingCosts:
 
     No line while the steps' forwards have hardly varied (their variance under `min_spread`, e.g.
     every step drafting 3): there is nothing to tell the two parts apart, and `DynamicK.drafting_s`
-    uses the mean per forward.
+    uses the mean per forward. A stall does not bend it for long: a step is taken at no more than
+    `max_ratio` times what the line predicted for it, and a further forward never costs less than
+    `min_share` of the mean forward (a line fitted flat would make deep drafts look free).
     """
 
     decay: float = 0.02
-    min_spread: float = 0.05
+    min_spread: float = 0.1
+    max_ratio: float = 3.0
+    min_share: float = 0.25
     # rows -> the fading sums of [1, forwards, forwards^2, seconds, forwards * seconds] over its steps
     sums: dict[int, list[float]] = field(default_factory=dict)
 
     def observe(self, rows: int, forwards: int, seconds: float) -> None:
+        line = self.line(rows)
+        if line is not None:
+            seconds = min(seconds, self.max_ratio * (line[0] + line[1] * forwards))
         sums = self.sums.setdefault(rows, [0.0] * 5)
         keep = 1.0 - self.decay
         for i, value in enumerate((1.0, forwards, forwards * forwards, seconds, forwards * seconds)):
@@ -220,7 +226,7 @@ class DraftingCosts:
         if spread < self.min_spread:
             return None
         per_forward = (products / weight - mean_f * mean_s) / spread
-        per_forward = min(max(per_forward, 0.0), mean_s / mean_f)  # from free to all of a step's time
+        per_forward = min(max(per_forward, self.min_share * mean_s / mean_f), mean_s / mean_f)
         return mean_s - per_forward * mean_f, per_forward
 
 
@@ -524,7 +530,7 @@ class DynamicK:
         match), when known. A new adapter version is a new key (`alpha_for` takes its gated
         figure as the prior), so what was learnt of other keys stays."""
         self.draft = StepCosts(decay=self.decay)
-        self.drafting = DraftingCosts()
+        self.drafting = DraftingCosts(decay=self.drafting.decay)
         self._plain_steps, self._probe_wait = 0, 0
         if expected_alpha is not None:
             self.overall = Acceptance(float(expected_alpha))

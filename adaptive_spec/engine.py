@@ -223,9 +223,8 @@ class Engine:
     ) -> GenerationOutput:
         """Generate for one prompt: token ids, a string, or chat messages. See `stream` for the rest; read
         whole, the request drafts from its first step (`request`'s `streamed`)."""
-        request = self.request(
-            prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative, streamed=False, **options
-        )
+        options = {"streamed": False, **options}
+        request = self.request(prompt, max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative, **options)
         for chunk in self._stream(request):
             if chunk.output is not None:
                 return chunk.output
@@ -267,7 +266,8 @@ class Engine:
         """Generate for many prompts with continuous batching: up to `max_batch` decode together,
         and the next prompt joins as soon as a row finishes. Keyword arguments as for `generate`,
         the same for every prompt. Outputs come back in the order of the prompts."""
-        requests = deque(enumerate(self.request(p, max_new_tokens, streamed=False, **kwargs) for p in prompts))
+        kwargs = {"streamed": False, **kwargs}
+        requests = deque(enumerate(self.request(p, max_new_tokens, **kwargs) for p in prompts))
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         batch, index = self.new_batch(max_batch), {}
         while requests or len(batch):

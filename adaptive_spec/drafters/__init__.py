@@ -46,7 +46,9 @@ class Proposal:
     tokens: torch.Tensor  # [n] int64, n <= k
     probs: torch.Tensor | None  # [n, vocab] the distribution each token was drawn from; None = deterministic
     forwards: int = 0  # draft model forward passes spent on this row
-    fed: int = 0  # context tokens the first forward fed: 1-2 normally, more to catch up after plain steps
+    # context tokens the first forward fed: what the row's last step emitted at most (a head feeds its accepted
+    # tokens again, with the target's states), more to catch up after plain steps or on the prompt
+    fed: int = 0
     free: bool = False  # copied from the context or an n-gram index (free_first.py), no model forward
     parents: list[int] | None = None  # a tree: token j follows token parents[j] (-1: the pending token); None: a chain
     forced: int = 0  # the chain's last tokens that the row's grammar forces (batch.py `_forced_tails`), not the draft's

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from adaptive_spec.dynamic_k import Acceptance, DynamicK, StepCosts, expected_tokens
+from adaptive_spec.dynamic_k import Acceptance, DraftingCosts, DynamicK, StepCosts, expected_tokens
 
 # The module docstring's machine: a target forward over 1 / 2 / 4 / 8 / 16 tokens, in seconds.
 TARGET_S = {1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107}
@@ -388,6 +388,19 @@ def test_a_steps_drafting_is_a_line_in_its_forwards_once_they_vary() -> None:
     assert policy.drafting.line(1) == (first, per_forward)
     policy.new_draft(None)  # another version: measured again
     assert policy.drafting.line(1) is None
+
+
+def test_a_stall_does_not_flatten_the_line() -> None:
+    """One step timed at 30 ms among steps of 2-3 ms: taken at 3x what the line predicts, and a further forward
+    never costs less than a quarter of the mean one, so deep drafts do not turn free."""
+    costs = DraftingCosts()
+    for forwards in [3, 4] * 20:
+        costs.observe(1, forwards, 0.00097 + 0.00045 * forwards)
+    before = costs.line(1)
+    costs.observe(1, 3, 0.030)
+    first, per_forward = costs.line(1)
+    assert per_forward >= 0.25 * (first + 3.5 * per_forward) / 3.5
+    assert first + 4 * per_forward < 1.3 * (before[0] + 4 * before[1])
 
 
 def test_a_dear_first_draft_forward_drafts_deeper_than_its_mean_would() -> None:

@@ -289,6 +289,20 @@ def test_at_dynamic_k_only_a_streamed_request_starts_with_the_targets_step_alone
     assert engine.request(prompt).streamed and not engine.request(prompt, streamed=False).streamed
 
 
+def test_a_heads_step_after_accepted_drafts_is_billed_as_a_draft_step_and_a_catch_up_is_not() -> None:
+    """A head keeps only the target's states, so it feeds the tokens its row's last step emitted again: 4 after 3
+    drafts were accepted is its normal step. More than the last step emitted (+1) is context it skipped."""
+    engine = Engine(target(0), "early-exit:1")
+    batch = engine.new_batch(1)
+    batch.add(engine.request(PROMPTS["repeating"], NEW_TOKENS))
+    batch.rows[0].emitted_last = 4
+    for fed, billed in ((4, True), (5, True), (6, False)):
+        engine.policy.new_draft(None)
+        batch._observe([Proposal(torch.tensor([1, 2, 3]), None, forwards=3, fed=fed)], 0.003, 0.014)
+        assert (engine.policy.draft.estimate(1) is not None) == billed, fed
+        assert sum(engine.policy.drafting.sums.get(1, [0.0])) > 0 if billed else not engine.policy.drafting.sums
+
+
 def test_a_seed_repeats_under_dynamic_k_whatever_the_policy_learned() -> None:
     engine = Engine(target(0), "early-exit:3")
     prompt, options = PROMPTS["repeating"], dict(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=9)
