@@ -145,6 +145,7 @@ COMPILE_ENV = ENV_PREFIX + "COMPILE"  # 0: decode eagerly (tests; a machine with
 CPU_ATTENTION_ENV = ENV_PREFIX + "CPU_ATTENTION"  # 0: the compiled step attends with exact.attention, no C++ kernel
 CPU_LINEAR_ENV = ENV_PREFIX + "CPU_LINEAR"  # auto (timed), 1 (always) or 0 (never): cpu_linear.py
 CPU_BF16_LINEAR_ENV = ENV_PREFIX + "CPU_BF16_LINEAR"  # 0: the compiled step's bf16 products stay PyTorch's
+CPU_AMX_ENV = ENV_PREFIX + "CPU_AMX"  # 0: that kernel's products on AVX512-BF16 where the CPU also has AMX
 PREFIX_CACHE_MB_ENV = ENV_PREFIX + "PREFIX_CACHE_MB"  # memory for prompts' cached prefixes (prefix_cache.py); 0: none
 
 

@@ -1,4 +1,4 @@
-"""A batch-invariant bf16 matrix product in C++ for the CPU (AVX512-BF16), for the compiled step.
+"""A batch-invariant bf16 matrix product in C++ for the CPU (AVX512-BF16 or AMX), for the compiled step.
 
 A decoding step of the default model is 211 matrix products of a few rows (2 to about 40: rows of the
 batch times tokens per row) by the layers' weights, and it is bound by reading those weights (270 MB
@@ -37,9 +37,30 @@ and prefetch into L1 from every block, 1 row 9.7 -> 9.7 ms, 2 rows 11.4 -> 9.9, 
 is bitwise the earlier kernel's (same sums in the same order; compared on the model's shapes and on
 tails, 1 to 41 rows, with and without bias).
 
+On a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids) the products run on AMX tiles instead, unless
+ADAPTIVE_SPEC_CPU_AMX=0: y^T = W x^T, an A tile 16 weight rows x 32 k's read in place (the weight is not
+repacked), a B tile the same 32 k's of up to 16 rows of x in pairs, and each output one tile accumulator:
+
+    y[m, n] = round_bf16( bias[n] + sum over k of x[m, k] * w[n, k] )
+    the sum: from zero, 32 k's at a time in order (TDPBF16PS, which adds a pair of products at a time)
+
+As above, nothing depends on the rows that share the call (a tile holds 16 rows of x whatever M is, zeros
+past it), so a row is bitwise the same alone or in a batch; it is not bitwise the AVX512-BF16 order, so
+a process takes one of the two for all its products (`set_amx`, once, at `load`). A weight whose k is not
+a multiple of 32 takes AVX512-BF16 in both (decided by its shape, never by the rows). Measured on an Intel
+Xeon with AMX-BF16 (2 cores, 2026-11-30), a target forward of the default model over 128 cached tokens, ms,
+AMX against AVX512-BF16, two rounds each in one process: 1 row x 1 token 18.0-18.3 against 17.1-17.6; 1 x 5
+20.9-21.6 against 21.6-21.7; 1 x 9 22.9-23.4 against 27.1-28.4; 1 x 17 30.6-31.1 against 42.9-43.0; 8 x 1
+23.2-23.6 against 24.6-25.7; 4 x 5 31.4-33.1 against 45.5-47.6; 8 x 5 48.0-49.2 against 84.0-86.7; 8 x 9
+71.5-74.3 against 142.1-145.1. A plain step of one row is about 4% dearer (reading the weights bounds it
+either way, and 16 weight rows read side by side stream less well than 4); every verify of 5 tokens or more
+and every batch of 8 rows costs the same or less, up to half. Releasing the tiles after each call (then
+configuring them again) cost about 2 ms a step and is not done.
+
     from adaptive_spec import linear_bf16
     kernel = linear_bf16.load(build_dir)   # None without AVX512-BF16 or a C++ compiler (then F.linear)
     y = kernel(x, weight, bias)           # x [m, k] bf16, weight [n, k] bf16, bias [n] or None
+    linear_bf16.uses_amx()                # whether this process's products run on AMX tiles
 
 `kernel` is the operator `torch.ops.adaptive_spec_kernels.linear_bf16` (with a fake for tracing), which
 is what a compiled graph calls.
@@ -51,6 +72,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,6 +154,136 @@ static void columns(const at::BFloat16* x, const at::BFloat16* w, const float* b
 }
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+static bool use_amx = false;  // set once per process (set_amx), before the first product
+
+// On a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids), products may run on its tiles instead:
+// returns whether they will. Linux lends the tiles' state only to a process that asks for it.
+bool set_amx(bool wanted) {
+#ifdef HAVE_AMX
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  use_amx = wanted && permitted;
+#else
+  use_amx = false;
+#endif
+  return use_amx;
+}
+
+bool amx_enabled() { return use_amx; }
+
+#ifdef HAVE_AMX
+struct TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Every tile 16 rows of 64 bytes: a C tile holds 16 weight rows x 16 rows of x in fp32, an A tile 16 weight
+// rows x 32 k's, a B tile 16 pairs of k's x 16 rows of x (each row's two bf16 side by side).
+// Loaded at every call: another library (oneDNN) may configure or release a thread's tiles in between. Not
+// released after: a release then a load cost about 2 ms a decoding step here.
+static void configure_tiles() {
+  TileConfig config = {};
+  config.palette_id = 1;
+  for (int t = 0; t < 8; t++) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// y for the rows of a C tile: tile[r][c] is output n0 + r of row m0 + c of x
+static inline void store_tile(const float* tile, const float* bias, at::BFloat16* y, int64_t N, int64_t n0,
+                              int64_t m0, int64_t rows_n, int64_t rows_m) {
+  for (int64_t r = 0; r < rows_n; r++)
+    for (int64_t c = 0; c < rows_m; c++) {
+      float sum = tile[r * 16 + c];
+      if (bias != nullptr) sum = sum + bias[n0 + r];
+      y[(m0 + c) * N + n0 + r] = at::BFloat16(sum);
+    }
+}
+
+// The product on AMX tiles (K a multiple of 32). Each output is one tile accumulator's sum: k in order,
+// a pair at a time (TDPBF16PS), from zero, then the bias, then one rounding. A weight row and a row of x
+// alone decide it; the number of rows, their place and the threads decide only which tile computes it.
+// A pass takes 2 blocks of 16 weight rows against 1 block of 16 rows of x, or against 2 when there are more,
+// so a weight tile is loaded once per 32 rows of x (the next weight rows then prefetched into L2).
+static void amx_linear(const at::BFloat16* xs, const at::BFloat16* wp, const float* bias, at::BFloat16* yp,
+                       int64_t M, int64_t K, int64_t N, const at::BFloat16* wtail) {
+  const int64_t KT = K / 32, MB = (M + 15) / 16, NB = N / 16, tail = N % 16;
+  // x in pairs: for block mb and pair kk, 16 rows x 2 bf16 (zeros past M)
+  std::vector<at::BFloat16> packed(MB * (K / 2) * 32, at::BFloat16(0.0f));
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t kk = 0; kk < K / 2; kk++) {
+      at::BFloat16* to = packed.data() + ((m / 16) * (K / 2) + kk) * 32 + 2 * (m % 16);
+      to[0] = xs[m * K + 2 * kk];
+      to[1] = xs[m * K + 2 * kk + 1];
+    }
+  const at::BFloat16* xp = packed.data();
+  const int64_t stride = K * 2, blocks = NB + (tail ? 1 : 0);
+  auto weights = [&](int64_t nb) { return nb < NB ? wp + nb * 16 * K : wtail; };
+  const int64_t per = 2;
+  const int64_t groups = (blocks + per - 1) / per;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    configure_tiles();
+    alignas(64) float out[4][256];
+    for (int64_t g = g0; g < g1; g++) {
+      const int64_t nb0 = g * per, count = std::min<int64_t>(per, blocks - nb0);
+      const at::BFloat16* ws[2];
+      for (int64_t j = 0; j < per; j++) ws[j] = weights(nb0 + std::min<int64_t>(j, count - 1));
+      if (MB == 1) {
+        _tile_zero(0); _tile_zero(1);
+        for (int64_t t = 0; t < KT; t++) {
+          _tile_loadd(6, xp + t * 512, 64);
+          _tile_loadd(4, ws[0] + t * 32, stride);
+          _tile_loadd(5, ws[1] + t * 32, stride);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 5, 6);
+        }
+        _tile_stored(0, out[0], 64); _tile_stored(1, out[1], 64);
+        for (int64_t j = 0; j < count; j++)
+          store_tile(out[j], bias, yp, N, (nb0 + j) * 16, 0, nb0 + j < NB ? 16 : tail, M);
+        continue;
+      }
+      const int64_t next = nb0 + per;  // the next group's weight rows, prefetched while the first rows pass
+      const int64_t ahead = g + 1 < g1 ? std::min<int64_t>(per * 16, (NB - next) * 16) : 0;
+      for (int64_t mb = 0; mb < MB; mb += 2) {
+        const at::BFloat16* x0 = xp + mb * (K / 2) * 32;
+        const at::BFloat16* x1 = mb + 1 < MB ? x0 + (K / 2) * 32 : x0;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t t = 0; t < KT; t++) {
+          if (mb == 0)
+            for (int64_t r = 0; r < ahead; r++) _mm_prefetch((const char*)(wp + (next * 16 + r) * K + t * 32), _MM_HINT_T1);
+          _tile_loadd(6, x0 + t * 512, 64);
+          _tile_loadd(7, x1 + t * 512, 64);
+          _tile_loadd(4, ws[0] + t * 32, stride);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_loadd(5, ws[1] + t * 32, stride);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, out[0], 64); _tile_stored(1, out[1], 64);  // tile numbers are immediates
+        _tile_stored(2, out[2], 64); _tile_stored(3, out[3], 64);
+        for (int64_t j = 0; j < count; j++) {
+          const int64_t n0 = (nb0 + j) * 16, rows_n = nb0 + j < NB ? 16 : tail;
+          store_tile(out[2 * j], bias, yp, N, n0, mb * 16, rows_n, std::min<int64_t>(16, M - mb * 16));
+          if (mb + 1 < MB)
+            store_tile(out[2 * j + 1], bias, yp, N, n0, (mb + 1) * 16, rows_n, std::min<int64_t>(16, M - (mb + 1) * 16));
+        }
+      }
+    }
+  });
+}
+#endif
+
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
 #ifdef __AVX512BF16__
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 only");
@@ -150,6 +302,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
   const at::BFloat16* wp = wc.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+#ifdef HAVE_AMX
+  if (use_amx && K % 32 == 0) {  // by the weight's shape, never by the rows: one path for every call of a weight
+    torch::Tensor padded;  // the weight rows past the last block of 16, zero-padded to 16
+    if (N % 16) {
+      padded = torch::zeros({16, K}, wc.options());
+      padded.narrow(0, 0, N % 16).copy_(wc.narrow(0, N - N % 16, N % 16));
+    }
+    amx_linear(xp, wp, bp, yp, M, K, N, N % 16 ? padded.data_ptr<at::BFloat16>() : nullptr);
+    return y;
+  }
+#endif
   // Up to 4 rows: 4 weight rows a block (at most 16 accumulators); more rows: 2 weight rows against
   // blocks of 8 (16 accumulators, each weight vector used 8 times).
   const int64_t width = M <= 4 ? 4 : 2;
@@ -174,13 +337,15 @@ TORCH_LIBRARY(adaptive_spec_kernels, m) { m.def("linear_bf16(Tensor x, Tensor we
 TORCH_LIBRARY_IMPL(adaptive_spec_kernels, CPU, m) { m.impl("linear_bf16", &linear); }
 """
 
-_loaded: dict[str, object] = {}
+_loaded: dict[str, Any] = {}  # "kernel": the operator or None; "module": the built extension
 
 
 def load(build_dir: Path | str | None = None):
     """The kernel's `linear(x, weight, bias)`, or None where it cannot serve: a CPU without AVX512-BF16,
-    no C++ compiler, or ADAPTIVE_SPEC_CPU_BF16_LINEAR=0."""
-    if not CoreSettings.from_env().cpu_bf16_linear:
+    no C++ compiler, or ADAPTIVE_SPEC_CPU_BF16_LINEAR=0. On a CPU with AMX-BF16 its products run on AMX
+    tiles unless ADAPTIVE_SPEC_CPU_AMX=0 (`uses_amx`), decided once per process."""
+    settings = CoreSettings.from_env()
+    if not settings.cpu_bf16_linear:
         return None
     key = "kernel"  # one build per process, wherever the first caller keeps it
     if key not in _loaded:
@@ -189,6 +354,9 @@ def load(build_dir: Path | str | None = None):
             module = build(build_dir)
             if module.available():
                 _loaded[key] = _operator()
+                _loaded["module"] = module
+                if module.set_amx(settings.cpu_amx):
+                    log.info("bf16 products on AMX tiles (ADAPTIVE_SPEC_CPU_AMX=0: AVX512-BF16 instead)")
             else:
                 log.info("this CPU has no AVX512-BF16: the compiled step's products stay PyTorch's")
         except Exception as exc:  # no compiler, no headers: PyTorch's product serves
@@ -196,11 +364,31 @@ def load(build_dir: Path | str | None = None):
     return _loaded[key]
 
 
+def uses_amx() -> bool:
+    """Whether this process's bf16 products run on AMX tiles (after `load`)."""
+    module = _loaded.get("module")
+    return bool(module is not None and module.amx_enabled())
+
+
+def set_amx(wanted: bool) -> bool:
+    """Switch the loaded kernel between AMX tiles and AVX512-BF16 (tests, `bench`'s side-by-side paths);
+    returns whether AMX serves. Outputs differ in the last bits between the two, so a process serves with
+    one: switch only between runs, never while a model decodes."""
+    module = _loaded.get("module")
+    if module is None:
+        return False
+    return bool(module.set_amx(wanted))
+
+
 def build(build_dir: Path | str | None = None):
     """Build (or load from `build_dir`) the extension; its `available()` says whether the CPU runs it.
     The product itself is called as the dispatcher's operator (`_operator`)."""
     return attention_cpu.build(
-        "adaptive_spec_linear_bf16", SOURCE, ["available"], build_dir, (f"-DPREFETCH_ROWS={PREFETCH_ROWS}",)
+        "adaptive_spec_linear_bf16",
+        SOURCE,
+        ["available", "set_amx", "amx_enabled"],
+        build_dir,
+        (f"-DPREFETCH_ROWS={PREFETCH_ROWS}",),
     )
 
 

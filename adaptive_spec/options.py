@@ -29,6 +29,7 @@ from typing import Any, ClassVar, TypeVar
 
 from adaptive_spec.contracts import (
     COMPILE_ENV,
+    CPU_AMX_ENV,
     CPU_ATTENTION_ENV,
     CPU_BF16_LINEAR_ENV,
     CPU_LINEAR_ENV,
@@ -114,6 +115,7 @@ class CoreSettings:
     | cpu_attention | ADAPTIVE_SPEC_CPU_ATTENTION | on: the compiled step's C++ attention kernel (attention_cpu.py) |
     | cpu_linear | ADAPTIVE_SPEC_CPU_LINEAR | auto: fp32 CPU products in the order timed faster; 1 always, 0 never |
     | cpu_bf16_linear | ADAPTIVE_SPEC_CPU_BF16_LINEAR | on: the compiled step's bf16 products by the C++ kernel (linear_bf16.py) |
+    | cpu_amx | ADAPTIVE_SPEC_CPU_AMX | on: that kernel's products on AMX tiles where the CPU has AMX-BF16 |
     | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: the converted models, compiled code |
     | prefix_cache_mb | ADAPTIVE_SPEC_PREFIX_CACHE_MB | 512: memory for prompts' cached prefixes (prefix_cache.py); 0 none |
 
@@ -129,6 +131,7 @@ class CoreSettings:
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     cpu_bf16_linear: bool = True  # after the others, so the fields before it keep their positions
     prefix_cache_mb: int = 512
+    cpu_amx: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CoreSettings:
@@ -140,6 +143,7 @@ class CoreSettings:
             data_dir=Path(env.get(DATA_DIR_ENV, DEFAULT_DATA_DIR)),
             cpu_bf16_linear=_switch(env.get(CPU_BF16_LINEAR_ENV, "1")),
             prefix_cache_mb=_megabytes(env.get(PREFIX_CACHE_MB_ENV, "512")),
+            cpu_amx=_switch(env.get(CPU_AMX_ENV, "1")),
         )
 
 

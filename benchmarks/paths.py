@@ -4,8 +4,10 @@
     adaptive-spec bench --compare-paths fp32-eager,bf16-eager,bf16-compiled --num-prompts 4 --max-new-tokens 32
 
 A path is DTYPE-MODE: DTYPE `fp32` or `bf16`, MODE `eager` or `compiled` (torch.compile of the
-decoding step, compiled.py). Each path loads its own engine (same target, draft, adapter and k);
-then every prompt runs through every path in turn, the target alone and with speculation, so a
+decoding step, compiled.py); `bf16-compiled-avx512` is bf16 compiled with the C++ kernel's products on
+AVX512-BF16 where the CPU also has AMX tiles (linear_bf16.py), which `bf16-compiled` uses there. The
+kernel's choice belongs to the process, so it is switched before each path runs. Each path loads its
+own engine (same target, draft, adapter and k); then every prompt runs through every path in turn, the target alone and with speculation, so a
 change in machine load touches all of them alike. Per path:
 
 - `target_tok_s`, `spec_tok_s`: generated tokens over wall time, the target alone and speculative;
@@ -23,22 +25,37 @@ The top-level keys are bench's contract keys for the first path, with the HF pee
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
 
-from adaptive_spec import kv
+from adaptive_spec import kv, linear_bf16
 from adaptive_spec.engine import Engine
+from adaptive_spec.options import CoreSettings
 from adaptive_spec.prompts import PromptItem
 from adaptive_spec.stats import Totals
 from benchmarks.bench import _timed, prefixes_frozen
 
 PATHS = {"fp32-eager": ("fp32", False), "fp32-compiled": ("fp32", True), "bf16-eager": ("bf16", False),
-         "bf16-compiled": ("bf16", True)}  # fmt: skip  # the four paths on one line, as the flag lists them
-SHAPES = ((1, 1), (1, 5), (1, 9), (1, 17), (4, 1), (8, 1), (8, 5))  # rows x tokens per row
+         "bf16-compiled": ("bf16", True), "bf16-compiled-avx512": ("bf16", True)}  # fmt: skip  # as the flag lists them
+SHAPES = ((1, 1), (1, 5), (1, 9), (1, 17), (4, 1), (8, 1), (8, 5), (4, 5), (8, 9))  # rows x tokens per row
+
+
+@contextlib.contextmanager
+def products_of(path: str) -> Iterator[None]:
+    """Run `path` with its own bf16 products: AVX512-BF16 for `-avx512`, else AMX tiles where the CPU has them
+    and ADAPTIVE_SPEC_CPU_AMX allows."""
+    default = CoreSettings.from_env().cpu_amx
+    linear_bf16.set_amx(not path.endswith("-avx512") and default)
+    try:
+        yield
+    finally:
+        linear_bf16.set_amx(default)
 
 
 def parse_paths(text: str) -> list[str]:
@@ -58,7 +75,8 @@ def load_paths(paths: list[str], target: str, draft: str, device: str, tree_budg
         started = time.perf_counter()
         print(f"loading {path} ...", file=sys.stderr)
         engine = Engine.from_pretrained(target, draft, device, dtype, compile=compiled, tree_budget=tree_budget)
-        _ = engine.exactness  # measured now (compiles a compiled path's step), not inside the timed loop
+        with products_of(path):
+            _ = engine.exactness  # measured now (compiles a compiled path's step), not inside the timed loop
         engines[path] = (engine, time.perf_counter() - started)
     return engines
 
@@ -73,15 +91,15 @@ def run_paths(
     seconds = {p: {"target": 0.0, "spec": 0.0} for p in paths}
     totals = {p: Totals() for p in paths}
     identical = dict.fromkeys(paths, 0)
-    for engine, _ in engines.values():  # warm-up: the first steps of each path allocate and fill caches
-        with prefixes_frozen(engine):
+    for path, (engine, _) in engines.items():  # warm-up: the first steps of each path allocate and fill caches
+        with prefixes_frozen(engine), products_of(path):
             engine.generate(prompts[0], 4, speculative=False)
             engine.generate(prompts[0], 4, k=k)
     bar = tqdm(total=len(prompts), desc="compare paths", unit="prompt", disable=not progress, file=sys.stderr)
     for ids in prompts:
         for path in paths:
             engine = engines[path][0]
-            with prefixes_frozen(engine):  # the paths' forwards compared, every prompt computed whole
+            with prefixes_frozen(engine), products_of(path):  # the paths' forwards, every prompt computed whole
                 base, base_s = _timed(engine.generate, ids, max_new_tokens, speculative=False)
                 ours, ours_s = _timed(engine.generate, ids, max_new_tokens, k=k)
             tokens[path]["target"] += len(base.token_ids)
@@ -95,6 +113,8 @@ def run_paths(
     figures = []
     for path in paths:
         engine, load_s = engines[path]
+        with products_of(path):
+            costs = forward_costs(engine)
         target_tok_s = tokens[path]["target"] / seconds[path]["target"]
         spec_tok_s = tokens[path]["spec"] / seconds[path]["spec"]
         figures.append(
@@ -111,7 +131,7 @@ def run_paths(
                 "exactness": engine.exactness.summary(),
                 **totals[path].figures(),
                 "load_s": load_s,
-                "forward_ms": forward_costs(engine),
+                "forward_ms": costs,
             }
         )
     base_rate = figures[0]["target_tok_s"]
@@ -170,16 +190,16 @@ def format_report(figures: dict) -> str:
     lines = [
         f"target {figures['target']}, draft {figures['draft']}, k {figures['k']}, {figures['prompts']} prompts x "
         f"{figures['max_new_tokens']} new tokens, on {figures['device']} ({figures['torch_threads']} threads)",
-        f"  {'path':15s} {'target tok/s':>12s} {'spec tok/s':>11s} {'spec/target':>11s} {'target/first':>12s}"
+        f"  {'path':20s} {'target tok/s':>12s} {'spec tok/s':>11s} {'spec/target':>11s} {'target/first':>12s}"
         f" {'identical':>9s} {'exact':>6s} {'load s':>7s}",
     ]
     for f in figures["paths"]:
         lines.append(
-            f"  {f['path']:15s} {f['target_tok_s']:12.2f} {f['spec_tok_s']:11.2f} {f['speedup_vs_target']:10.2f}x"
+            f"  {f['path']:20s} {f['target_tok_s']:12.2f} {f['spec_tok_s']:11.2f} {f['speedup_vs_target']:10.2f}x"
             f" {f['target_vs_first']:11.2f}x {f['identical']!s:>9s} {f['exact']!s:>6s} {f['load_s']:7.1f}"
         )
     shapes = list(figures["paths"][0]["forward_ms"])
     lines.append("  target forward, ms (rows x tokens, 128 cached): " + "  ".join(f"{s:>5s}" for s in shapes))
     for f in figures["paths"]:
-        lines.append(f"  {f['path']:15s} " + " " * 33 + "  ".join(f"{f['forward_ms'][s]:5.1f}" for s in shapes))
+        lines.append(f"  {f['path']:20s} " + " " * 33 + "  ".join(f"{f['forward_ms'][s]:5.1f}" for s in shapes))
     return "\n".join(lines)

@@ -74,8 +74,9 @@ def add_commands(commands) -> None:
         type=_paths,
         metavar="PATH,PATH",
         help="time execution paths side by side, interleaved prompt by prompt: fp32-eager, fp32-compiled, "
-        "bf16-eager, bf16-compiled (e.g. fp32-eager,bf16-compiled); each loads its own engine, and --dtype "
-        "and --compile are then the paths'",
+        "bf16-eager, bf16-compiled, bf16-compiled-avx512 (its products on AVX512-BF16 where the CPU also has "
+        "AMX tiles, which bf16-compiled then uses) (e.g. fp32-eager,bf16-compiled); each loads its own engine, "
+        "and --dtype and --compile are then the paths'",
     )
     model_options(bench)
     adapter_option(bench)

@@ -202,7 +202,12 @@ def load_engine(args, **engine_options):
         tree_budget=args.tree_budget,
         **engine_options,
     )
-    print(f"serving {engine.dtype_name} {engine.path}: {engine.exactness.summary()}", file=sys.stderr)
+    from adaptive_spec import linear_bf16
+
+    tiles = (
+        " on AMX tiles" if engine.dtype_name == "bf16" and engine.path == "compiled" and linear_bf16.uses_amx() else ""
+    )
+    print(f"serving {engine.dtype_name} {engine.path}{tiles}: {engine.exactness.summary()}", file=sys.stderr)
     adapter = resolve_adapter(getattr(args, "adapter", None))
     if adapter is not None:
         engine.load_adapter(adapter)

@@ -27,6 +27,7 @@ def test_each_variable_keeps_its_name_and_meaning():
     assert CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_ATTENTION": "2"}).cpu_attention
     assert CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_LINEAR": "AUTO"}).cpu_linear == "auto"
     assert not CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_BF16_LINEAR": "off"}).cpu_bf16_linear
+    assert CoreSettings.from_env({}).cpu_amx and not CoreSettings.from_env({"ADAPTIVE_SPEC_CPU_AMX": "0"}).cpu_amx
 
 
 def test_the_modules_read_it_when_they_decide(monkeypatch, tmp_path):

@@ -45,3 +45,22 @@ def test_a_bad_path_list_is_refused():
         timeout=60,
     )
     assert result.returncode == 2 and "--compare-paths" in result.stderr
+
+
+def test_the_avx512_path_switches_the_products_off_amx_and_back(extensions_dir):
+    """`bf16-compiled-avx512` runs with the kernel's AVX512-BF16 products where the CPU has AMX tiles, which
+    `bf16-compiled` takes: the kernel's choice belongs to the process, so each path sets it before it runs."""
+    from pathlib import Path
+
+    from adaptive_spec import linear_bf16
+    from benchmarks.paths import products_of
+
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if "amx_bf16" not in flags or linear_bf16.load(extensions_dir) is None:
+        pytest.skip("this CPU has no AMX-BF16 (or no kernel): both paths take the same products")
+    assert "bf16-compiled-avx512" in parse_paths("bf16-compiled,bf16-compiled-avx512")
+    with products_of("bf16-compiled-avx512"):
+        assert not linear_bf16.uses_amx()
+    assert linear_bf16.uses_amx()  # the process's own choice again (ADAPTIVE_SPEC_CPU_AMX on by default)
+    with products_of("bf16-compiled"):
+        assert linear_bf16.uses_amx()
