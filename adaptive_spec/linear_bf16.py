@@ -167,6 +167,7 @@ static bool use_amx = false;  // set once per process (set_amx), before the firs
 bool set_amx(bool wanted) {
 #ifdef HAVE_AMX
   static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  if (wanted && !permitted) TORCH_WARN_ONCE("Linux refused this process the AMX tiles (arch_prctl); AVX512-BF16 serves");
   use_amx = wanted && permitted;
 #else
   use_amx = false;
@@ -188,7 +189,10 @@ struct TileConfig {
 // Every tile 16 rows of 64 bytes: a C tile holds 16 weight rows x 16 rows of x in fp32, an A tile 16 weight
 // rows x 32 k's, a B tile 16 pairs of k's x 16 rows of x (each row's two bf16 side by side).
 // Loaded at every call: another library (oneDNN) may configure or release a thread's tiles in between. Not
-// released after: a release then a load cost about 2 ms a decoding step here.
+// released after: a release then a load cost about 2 ms a decoding step here. A caller that trusts a thread's
+// tiles to keep its own configuration between its calls without loading it again (PyTorch's cpublas brgemm
+// where it releases only on the calling thread: inductor's int8 attention template) would find this one; no
+// path of this project's runs such a caller.
 static void configure_tiles() {
   TileConfig config = {};
   config.palette_id = 1;

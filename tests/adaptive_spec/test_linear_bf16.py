@@ -51,7 +51,7 @@ def operands(m, k, n, seed=0):
 
 # the default model's shapes, and sizes that leave tails: k not a multiple of 32 (AMX leaves those to
 # AVX512-BF16), n not of 4 or 16 (AMX pads the last weight rows to a tile)
-SHAPES = [(576, 576), (576, 1536), (1536, 576), (50, 37), (33, 130), (576, 37)]
+SHAPES = [(576, 576), (576, 1536), (1536, 576), (50, 37), (33, 130), (576, 37), (576, 21), (576, 48)]
 
 
 @pytest.mark.parametrize("k,n", SHAPES)
@@ -80,6 +80,8 @@ def test_a_rows_output_does_not_depend_on_what_shares_the_call(kernel, k, n, thr
         for rows in range(1, 40):  # every row count: 4, 8, 16 and 32 rows start other blockings or tiles
             assert torch.equal(kernel(x[40 - rows :], weight, bias), together[40 - rows :]), rows
         assert torch.equal(kernel(x.flip(0), weight, bias).flip(0), together)
+        torch.set_num_threads(3 - threads)  # and the other thread count splits the outputs otherwise
+        assert torch.equal(kernel(x, weight, bias), together)
     finally:
         torch.set_num_threads(before)
 
