@@ -86,14 +86,20 @@ def test_a_rows_output_does_not_depend_on_what_shares_the_call(kernel, k, n, thr
         torch.set_num_threads(before)
 
 
-def test_the_compiled_steps_linears_take_the_kernel(kernel) -> None:
-    """exact.linear routes a bf16 product to the operator while a step is being compiled, and only then."""
-    calls = []
+def _counting(kernel):
+    """(calls, the kernel that appends each call's row count to calls): which products took the kernel."""
+    calls: list[int] = []
 
     def counted(x, weight, bias):
         calls.append(x.shape[0])
         return kernel(x, weight, bias)
 
+    return calls, counted
+
+
+def test_the_compiled_steps_linears_take_the_kernel(kernel) -> None:
+    """exact.linear routes a bf16 product to the operator while a step is being compiled, and only then."""
+    calls, counted = _counting(kernel)
     saved = exact.COMPILED_LINEAR[0]
     exact.COMPILED_LINEAR[0] = counted
     try:
@@ -127,12 +133,7 @@ def test_a_drafts_vocabulary_takes_the_kernel_for_few_rows(kernel) -> None:
     draft's few rows, not PyTorch's product (twice as slow for one row on an Intel Xeon without AMX)."""
     from adaptive_spec.drafters.vocab import DraftVocab
 
-    calls = []
-
-    def counted(x, weight, bias):
-        calls.append(x.shape[0])
-        return kernel(x, weight, bias)
-
+    calls, counted = _counting(kernel)
     saved = exact.COMPILED_LINEAR[0]
     exact.COMPILED_LINEAR[0] = counted
     try:
@@ -158,12 +159,7 @@ def test_a_drafts_vocabulary_takes_the_kernel_for_few_rows(kernel) -> None:
 def test_a_drafts_own_linears_take_the_kernel_eagerly_and_the_targets_do_not(kernel) -> None:
     """exact.draft_products marks a draft's own modules: their few-row eager products take the kernel (a draft
     need not be invariant), while a module it does not mark keeps PyTorch's product outside a compiled step."""
-    calls = []
-
-    def counted(x, weight, bias):
-        calls.append(x.shape[0])
-        return kernel(x, weight, bias)
-
+    calls, counted = _counting(kernel)
     saved = exact.COMPILED_LINEAR[0]
     exact.COMPILED_LINEAR[0] = counted
     try:
