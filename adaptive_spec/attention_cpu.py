@@ -58,6 +58,13 @@ cut short). A query over 128 keys in a capacity of 4096: 1 row 44.0 -> 16.6 us a
 76.6; in the compiled step of the default model after 128 cached tokens, 1 row 16.8 -> 15.1 ms and 8
 rows 27.5 -> 25.2 (with a capacity of 256: 15.0 and 25.0 ms, unchanged).
 
+A step's few queries used to go in one task of 16 per (row, kv head): one row's verify of 9 tokens over the
+default model's 3 kv heads made 3 tasks for 2 threads, one thread doing two of them. Where blocks of 16 would
+make fewer than 4 tasks a thread, each query is now a task (the same outputs: a query's result never depended on
+its task). Over 30 layers' caches of 300 keys, 2 threads, old and new side by side (Intel Xeon with AMX, on an
+hour when its memory read 8 GB/s, so slow in absolute terms): 1 row x 5 queries 218-239 -> 190-195 us a layer,
+x 9 342-417 -> 301-326, x 17 551-644 -> 495-507; 1 x 1, 4 x 5 and 8 x 1 unchanged (their tasks were enough).
+
     from adaptive_spec import attention_cpu
     kernel = attention_cpu.load(build_dir)   # None when no C++ compiler is at hand (then exact.attention)
     out = kernel(query, key, value, mask, scale)   # [n, heads, q, d] ... -> [n, q, heads, d]
@@ -266,7 +273,11 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
                    const at::Tensor& mask, double scale, at::Tensor& out) {
   const int64_t n = query.size(0), heads = query.size(1), q = query.size(2), d = query.size(3);
   const int64_t kv_heads = key.size(1), kv_len = key.size(2), groups = heads / kv_heads;
-  const int64_t qblocks = (q + QUERY_BLOCK - 1) / QUERY_BLOCK;
+  // A step's few queries (a verify, a tree's nodes) take a task each where blocks of 16 would leave a thread
+  // idle: 1 row x 9 queries over 3 kv heads made 3 tasks for 2 threads, one thread doing two thirds
+  const int64_t coarse = n * kv_heads * ((q + QUERY_BLOCK - 1) / QUERY_BLOCK);
+  const int64_t qblock = coarse >= 4 * at::get_num_threads() ? QUERY_BLOCK : 1;
+  const int64_t qblocks = (q + qblock - 1) / qblock;
   const T* Q = query.data_ptr<T>();
   const T* K = key.data_ptr<T>();
   const T* V = value.data_ptr<T>();
@@ -292,7 +303,7 @@ static void attend(const at::Tensor& query, const at::Tensor& key, const at::Ten
         converted = bg;
         ready = 0;
       }
-      for (int64_t i = qb * QUERY_BLOCK; i < std::min(q, (qb + 1) * QUERY_BLOCK); ++i) {
+      for (int64_t i = qb * qblock; i < std::min(q, (qb + 1) * qblock); ++i) {
         const bool* mp = M + b * ms[0] + i * ms[2];
         // the keys past the last one it may see, skipped 8 at a time: after a long prompt the cache's
         // capacity stays long, and a short row's query scanned all of it

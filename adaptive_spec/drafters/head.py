@@ -387,8 +387,9 @@ class HeadDrafter(Drafter):
         predicted, logits = predicted[:, -1], logits[:, -1]  # [n, hidden], [n, n_vocab]
         context = {i: cache.lengths[rows[i].slot] for i in group}  # the pending token is the last of it
         trees = {i: RowTree(budgets[i], depths[i]) for i in group}
+        offers = vocab.candidates_rows(logits, [rows[i] for i in group], [[] for _ in group], TOPK)
         for j, i in enumerate(group):
-            trees[i].offer(-1, vocab.candidates(logits[j], rows[i], [], TOPK), predicted[j])
+            trees[i].offer(-1, offers[j], predicted[j])
         forwards = 1
         for depth in range(1, max(depths[i] for i in group)):
             expanding = {i: trees[i].frontier(depth) for i in group}
@@ -407,13 +408,19 @@ class HeadDrafter(Drafter):
             # [n, width, hidden], [n, width, n_vocab]
             predicted, logits, _ = self._feed(head, vocab, cache, [rows[i].slot for i in live], tokens, states, shapes)
             width = logits.shape[1]
-            for j, i in enumerate(live):
-                for k, index in enumerate(expanding[i]):
-                    column = width - len(expanding[i]) + k
-                    path = trees[i].path(index)
-                    trees[i].offer(
-                        index, vocab.candidates(logits[j, column], rows[i], path, TOPK), predicted[j, column]
-                    )
+            at = [
+                (j, i, index, width - len(expanding[i]) + k)
+                for j, i in enumerate(live)
+                for k, index in enumerate(expanding[i])
+            ]
+            offers = vocab.candidates_rows(
+                logits[[j for j, *_ in at], [column for *_, column in at]],  # [nodes, n_vocab]
+                [rows[i] for _, i, _, _ in at],
+                [trees[i].path(index) for _, i, index, _ in at],
+                TOPK,
+            )
+            for (j, i, index, column), offer in zip(at, offers, strict=True):
+                trees[i].offer(index, offer, predicted[j, column])
             forwards += 1
         proposals = {}
         for i in group:

@@ -122,6 +122,30 @@ class DraftVocab:
             for j, choice in enumerate(chosen)
         ]
 
+    def candidates_rows(
+        self, logits: torch.Tensor, rows: list[DraftRow], paths: list[list[int]], count: int
+    ) -> list[list[tuple[int, float]]]:
+        """`candidates` for each row of logits [m, n_vocab] (a tree's nodes of one depth): the greedy rows without
+        constraints all at once, one log-softmax, top-k and read back for all of them, the others one by one.
+        A node's `candidates` alone cost about 0.085 ms on the default model, paid for every node a tree offers
+        from (1 ms of a 28 ms step for trees of 8 nodes on an Intel Xeon)."""
+        plain = [j for j, row in enumerate(rows) if row.params.greedy and row.constraints is None]
+        found: list[list[tuple[int, float]] | None] = [None] * len(rows)
+        if plain:
+            some = logits if len(plain) == len(rows) else logits[plain]  # [p, n_vocab]
+            drawable = _drawable(some).tolist()
+            best = torch.log_softmax(some.float(), dim=-1).topk(min(count, some.shape[-1]), dim=-1)
+            for j, ok, values, indices in zip(
+                plain, drawable, best.values.tolist(), best.indices.tolist(), strict=True
+            ):
+                found[j] = (
+                    [(self.token(i), v) for v, i in zip(values, indices, strict=True) if v > -math.inf] if ok else []
+                )
+        return [
+            nodes if nodes is not None else self.candidates(logits[j], rows[j], paths[j], count)
+            for j, nodes in enumerate(found)
+        ]
+
     def candidates(self, logits: torch.Tensor, row: DraftRow, path: list[int], count: int) -> list[tuple[int, float]]:
         """A tree's children after `path`: the `count` likeliest tokens of the row's processed draft
         distribution (its constraints and sampling parameters applied) with their log-probabilities,

@@ -74,6 +74,23 @@ def test_a_querys_output_does_not_depend_on_what_shares_the_call(kernel) -> None
     assert torch.equal(gapped, packed)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_steps_few_queries_a_task_each_equal_themselves_in_blocks_of_sixteen(kernel, threads) -> None:
+    """1 row x 9 queries over 3 kv heads makes too few tasks of 16 queries for the threads, so each query is a
+    task of its own; among 8 rows the same queries go in blocks of 16. The same bits either way."""
+    query, key, value, mask = inputs(torch.bfloat16, n=1, q=9)
+    many = [t.expand(8, *t.shape[1:]).contiguous() for t in (query, key, value, mask)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = kernel(query, key, value, mask, 0.125)
+        together = kernel(*many, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    for row in range(8):
+        assert torch.equal(together[row], alone[0]), f"row {row}"
+
+
 def test_a_prompts_queries_equal_themselves_one_at_a_time_whatever_lies_out_of_sight(kernel) -> None:
     """A prefill of 40 queries (three tasks of 16) over a cache whose spare capacity holds NaN and
     infinities: each query's output is bitwise its output alone, and finite."""

@@ -120,3 +120,34 @@ def test_choosing_for_every_row_at_once_gives_what_each_row_chose_alone() -> Non
         assert together[2][0] is None and together[3][0] is None  # NaN, +inf
         assert together[0][0] == int(logits[0].argmax()) if restricted is None else restricted[int(logits[0].argmax())]
         assert together[0][1] is None and torch.equal(together[1][1], alone[1][1])  # the sampled row's distribution
+
+
+def test_a_trees_candidates_for_every_node_at_once_are_what_each_node_offered_alone() -> None:
+    """DraftVocab.candidates_rows takes the greedy nodes without constraints in one log-softmax and top-k, the
+    others one by one: each node's candidates are `candidates`' (full-vocabulary ids on a restricted head,
+    best first, the same log-probabilities), and a node whose logits hold a NaN or +inf offers none."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.drafters.vocab import DraftVocab
+    from adaptive_spec.sampling import SamplingParams
+
+    def row(temperature: float) -> SimpleNamespace:
+        return SimpleNamespace(params=SamplingParams(temperature=temperature), generator=None, constraints=None)
+
+    vocab = DraftVocab(torch.nn.Linear(8, 40, bias=False))
+    for restricted in (None, [3, 7, 11, 19, 23, 31]):
+        vocab.restrict(restricted)
+        width = 40 if restricted is None else len(restricted)
+        logits = torch.randn(6, width, generator=torch.Generator().manual_seed(2)).bfloat16()
+        logits[2, 1] = float("nan")
+        logits[3, 0] = float("inf")
+        logits[4, 2:] = float("-inf")  # two tokens left: fewer than asked for
+        temperatures = [0.0, 0.8, 0.0, 0.0, 0.0, 0.0]
+        rows = [row(t) for t in temperatures]
+        paths = [[], [5], [5, 6], [], [1], []]
+        together = vocab.candidates_rows(logits, rows, paths, 4)
+        alone = [vocab.candidates(logits[j], rows[j], paths[j], 4) for j in range(6)]
+        assert together == alone
+        assert together[2] == [] and together[3] == [] and len(together[4]) == 2 and len(together[0]) == 4
+        best = int(logits[0].float().argmax())
+        assert together[0][0][0] == (best if restricted is None else restricted[best])
