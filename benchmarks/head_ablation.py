@@ -48,7 +48,9 @@ defaults until rank 64 replaced rank 16):
     fused-features-rank-128
                    HeadSettings() of 2026-11-29 (unroll-3-decay-0.5-rank-128) on EAGLE-3's fused features: the
                    target's low, middle and last layers side by side (kv.state_layers); every other recipe reads
-                   the last layer alone
+                   the last layer alone (HeadSettings() until 2026-11-30)
+    fused-features-rank-128-unroll-4
+                   HeadSettings() since 2026-11-30: the same with four draft steps trained
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
     default-fp32, default-bf16-autocast

@@ -45,8 +45,8 @@ The loss of a step, with each output position weighted as in distill.py (`reject
 - unroll: with `unroll = 2` a second draft step is trained on the head's own predicted states, as
   it drafts: at position t it reads (P_1[t-1], token t) and attends to the first step's keys at
   positions up to t - 1 and to itself, which is what its cache holds when it drafts (EAGLE-3's
-  "training-time test", Li et al. 2025); `unroll = 3` (the default) a third on the second's, and so
-  on. Each step costs another pass of the layer and of the LM head.
+  "training-time test", Li et al. 2025); `unroll = 3` a third on the second's, and so on (4, the
+  default, four). Each step costs another pass of the layer and of the LM head.
 
 The softmax. With `softmax = "batch"` (the default) the head's next-token distribution in KL_j is a
 softmax over the tokens of the step's batch alone: every position's logged top-m, a few thousand of
@@ -104,7 +104,17 @@ class HeadSettings(LoraSettings):
     draft step. A lineage that continues from a saved version keeps that version's rank (distill.py
     `_lora_config`).
 
-    Three draft steps trained (`unroll = 3`, each weighted 0.5 of the one before). Two steps made the
+    Four draft steps trained since 2026-11-30 (`unroll = 4`, each weighted 0.5 of the one before). On an Intel
+    Xeon with AMX (a verify of 9 tokens 1.27 plain steps, of 17 1.7), bench-drift --domain python
+    --budget-minutes 30 gave 2.53x the target alone (128.9 against 50.9 tok/s), a mean acceptance length of 4.34
+    and acceptance by depth 0.76 / 0.65 / 0.58 / 0.47 / 0.38 / 0.31 / 0.23 / 0.19 (dynamic k drafting 6.3 deep
+    on average), against 2.22x, 3.11 and 0.77 / 0.62 / 0.51 / 0.29 with three steps the same day, one run each
+    (docs/benchmarks.md, "Four draft steps trained"). Standard-library questions: 1.34x, 1.91 against 1.36x,
+    1.79. Five steps, in a run whose machine had slowed to half its memory bandwidth, 1.93x and 2.78: not
+    comparable, not adopted. On an AMD EPYC at rank 64 before the fused features, four steps had not paid
+    (1.88x against 1.95-2.07x), where a wide verify cost more.
+
+    Three draft steps trained (`unroll = 3`, the default until 2026-11-30). Two steps made the
     second token work (on the same records, after 600 steps, first-token match 0.805 against 0.796 for
     one step, the second token given the first 0.825 against 0.116, 1.80 draft tokens accepted per
     round at k = 4 against 0.89; docs/figures/head-ablation-unroll-python.json), but online the third
@@ -121,7 +131,7 @@ class HeadSettings(LoraSettings):
     alpha: int = 256  # LoRA scale = alpha / r = 2, as the early exit's
     regression_weight: float = 1.0  # the state regression against the KL, per position
     noise: float = 0.1  # half-width of the uniform noise on input states, relative to their RMS
-    unroll: int = 3  # draft steps trained per position: 2 and 3 also train steps on its own predicted states
+    unroll: int = 4  # draft steps trained per position: from 2 on, steps on its own predicted states
     unroll_decay: float = 0.5  # weight of each further draft step relative to the one before
     # The softmax of the KL: "batch" runs it over the tokens of the step's batch (every position's
     # logged top-m), "vocab" over the whole vocabulary (module docstring, "The softmax").
