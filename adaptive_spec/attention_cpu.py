@@ -6,7 +6,7 @@ a 22 ms compiled step went to them. This kernel computes the same thing in one c
 every reduction in an order fixed by the code alone, so a query's result cannot depend on what else
 shares the call:
 
-    for each (row, kv head, block of 16 queries):    # parallel over these, each independent
+    for each (row, kv head, block of 16 queries or one):    # parallel over these, each independent
       for each query, and each head sharing the kv head:
         s[j] = scale * dot(q, k[j])   dot: 8 partial sums (dimension t into sum t % 8), then summed in order
         m = max s over the keys j the mask allows; e[j] = exp(s[j] - m)    (a fixed polynomial exp)

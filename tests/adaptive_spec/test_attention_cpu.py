@@ -77,8 +77,12 @@ def test_a_querys_output_does_not_depend_on_what_shares_the_call(kernel) -> None
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_steps_few_queries_a_task_each_equal_themselves_in_blocks_of_sixteen(kernel, threads) -> None:
     """1 row x 9 queries over 3 kv heads makes too few tasks of 16 queries for the threads, so each query is a
-    task of its own; among 8 rows the same queries go in blocks of 16. The same bits either way."""
-    query, key, value, mask = inputs(torch.bfloat16, n=1, q=9)
+    task of its own; among 8 rows the same queries go in blocks of 16. The same bits either way. The queries
+    reach different blocks of keys (the first 20, the last 300), so a later task must convert keys an earlier
+    one on its thread did not reach."""
+    query, key, value, _ = inputs(torch.bfloat16, n=1, q=9)
+    reach = torch.tensor([19, 299, 40, 75, 120, 130, 200, 260, 280])  # each query's last key, out of order
+    mask = (torch.arange(300)[None, :] <= reach[:, None])[None, None]  # [1, 1, 9, 300]
     many = [t.expand(8, *t.shape[1:]).contiguous() for t in (query, key, value, mask)]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

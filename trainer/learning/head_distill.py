@@ -107,8 +107,8 @@ class HeadSettings(LoraSettings):
     Four draft steps trained since 2026-11-30 (`unroll = 4`, each weighted 0.5 of the one before). On an Intel
     Xeon with AMX (a verify of 9 tokens 1.27 plain steps, of 17 1.7), bench-drift --domain python
     --budget-minutes 30 gave 2.53x the target alone (128.9 against 50.9 tok/s), a mean acceptance length of 4.34
-    and acceptance by depth 0.76 / 0.65 / 0.58 / 0.47 / 0.38 / 0.31 / 0.23 / 0.19 (dynamic k drafting 6.3 deep
-    on average), against 2.22x, 3.11 and 0.77 / 0.62 / 0.51 / 0.29 with three steps the same day, one run each
+    and acceptance by depth 0.76 / 0.65 / 0.58 / 0.47 / 0.38 / 0.31 / 0.23 / 0.19 (7.33 tokens verified a
+    step), against 2.22x, 3.11 and 0.77 / 0.62 / 0.51 / 0.29 with three steps the same day, one run each
     (docs/benchmarks.md, "Four draft steps trained"). Standard-library questions: 1.34x, 1.91 against 1.36x,
     1.79. Five steps, in a run whose machine had slowed to half its memory bandwidth, 1.93x and 2.78: not
     comparable, not adopted. On an AMD EPYC at rank 64 before the fused features, four steps had not paid
