@@ -34,8 +34,14 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     two agree and the third does not, so num_accepted = 2 and the recovered token is 2. Had the
     draft proposed [5, 9, 2], all three are accepted and the bonus token is 7.
     """
-    choices = target_logits.float().argmax(dim=-1).tolist()  # fp32: as in tree_greedy_accept
-    return greedy_accept_choices(draft_tokens.tolist(), choices)
+    return greedy_accept_choices(draft_tokens.tolist(), target_choices(target_logits))
+
+
+def target_choices(logits: torch.Tensor) -> list:
+    """logits [..., vocab] -> the argmax of each row, as nested lists. In fp32: fp32 holds bf16 exactly and argmax
+    keeps the first of equal values either way, so this is bf16's argmax at a fraction of its cost (0.37 against
+    1.84 ms for 8 x 3 x 49152 logits; 0.85 ms of a 28 ms tree step for 9 x 49152 on an Intel Xeon)."""
+    return logits.float().argmax(dim=-1).tolist()
 
 
 def greedy_accept_choices(draft: list[int], choices: list[int]) -> Verdict:
@@ -117,9 +123,7 @@ def tree_greedy_accept(draft_tokens: torch.Tensor, parents: list[int], target_lo
     says, and no node follows node 3, so that is the bonus token. path = [0, 3]. A chain is the
     tree with parents [-1, 0, 1, ...], and then this is `greedy_accept`.
     """
-    # fp32 holds bf16 exactly and argmax keeps the first of equal values either way: the same choice, at a
-    # fraction of bf16's argmax (0.85 ms of a 28 ms step for 9 x 49152 logits on an Intel Xeon)
-    choice = target_logits.float().argmax(dim=-1).tolist()  # [m + 1]
+    choice = target_choices(target_logits)  # [m + 1]
     tokens = draft_tokens.tolist()
     children = children_of(parents)
     path: list[int] = []

@@ -41,6 +41,7 @@ from adaptive_spec.acceptance import (
     greedy_accept,
     greedy_accept_choices,
     rejection_sample,
+    target_choices,
     tree_greedy_accept,
     tree_rejection_sample,
 )
@@ -395,9 +396,7 @@ class Batch:
             row.params.greedy and row.constraints is None and p.parents is None
             for row, p in zip(self.rows, proposals, strict=True)
         ]
-        # [batch][width], in one operation; fp32 holds bf16 exactly and argmax keeps the first of equal values,
-        # so this is bf16's argmax, at a fifth of its cost here (0.37 against 1.84 ms for 8 x 3 x 49152)
-        every = logits.float().argmax(dim=-1).tolist() if any(plain) else []
+        every = target_choices(logits) if any(plain) else []  # [batch][width], in one operation
         self._choices = [
             every[i][width - len(f) :] if keep else None for i, (f, keep) in enumerate(zip(feeds, plain, strict=True))
         ]
