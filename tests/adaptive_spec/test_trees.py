@@ -10,6 +10,7 @@ What must hold, row by row:
 - the trees are trees: more nodes verified than a chain of the same depth, and accepted paths that
   are not always a node's first child (the second guesses pay);
 - penalties apply per node and sampled rows follow the target's distribution;
+- a row's tree grown in a batch is the tree it grows alone, whatever the width of its frontier;
 - a tree's budget and depth come from the policy (DynamicK.tree_nodes).
 """
 
@@ -159,3 +160,37 @@ def test_a_trees_catch_up_on_the_context_stays_out_of_the_drafts_step_cost() -> 
         assert engine.policy.draft.seconds, name  # the later steps measure the draft's cost
     assert flags["chain"][0] and flags["tree"][0]  # the prompt's catch-up
     assert not all(flags["tree"]) and not all(flags["chain"])
+
+
+def test_rows_whose_frontiers_differ_in_width_grow_the_trees_they_grow_alone() -> None:
+    """The head grows every row's tree in one forward per depth (`_grow`), right-aligning each row's frontier
+    in a width that is the widest row's. Rows of budgets 1, 2, 12 and 5 and depths 4, 3, 2 and 5 expand 1, 2,
+    up to 4 and up to 4 nodes a depth and stop at different depths: each row's tree (tokens and parents) is the
+    one it grows alone, at every step of a greedy batch. The draft's LM head x 8 makes it confident, so that
+    small budgets keep deep nodes (a row that read another column would keep other ones)."""
+    target = llama(seed=3, layers=2)
+    engine = Engine(target, "head", tree_budget=12)
+    engine.drafter.vocab.weight = engine.drafter.vocab.weight.detach() * 8.0
+    budgets, depths = [1, 2, 12, 5], [4, 3, 2, 5]
+    batch = engine.new_batch(4)
+    for prompt in PROMPTS[:4]:
+        batch.add(engine.request(prompt, max_new_tokens=16, k=3))
+    cache, compared, widths, deep = batch.draft_cache, 0, set(), 0
+    while len(batch) == 4:
+        before = list(cache.lengths)
+        together = engine.drafter.propose(cache, batch.rows, budgets, None, depths)
+        for i in range(4):
+            cache.lengths = list(before)
+            ks = [budgets[i] if j == i else 0 for j in range(4)]
+            alone = engine.drafter.propose(cache, batch.rows, ks, None, depths)[i]
+            assert together[i].tokens.tolist() == alone.tokens.tolist(), (i, compared)
+            assert together[i].parents == alone.parents, (i, compared)
+            assert len(alone.tokens) <= budgets[i]
+            assert max((alone.parents or [-1]).count(p) for p in range(-1, len(alone.tokens))) <= 4
+            widths.add(len(alone.tokens))
+            deep += budgets[i] <= 2 and alone.parents == [-1, 0]
+            compared += 1
+        cache.lengths = list(before)
+        batch.step()
+    assert compared >= 16 and {1, 2} <= widths and max(widths) > 5, (compared, widths)
+    assert deep > 0  # a budget of 2 kept a node and its child
