@@ -167,7 +167,9 @@ def test_rows_whose_frontiers_differ_in_width_grow_the_trees_they_grow_alone() -
     in a width that is the widest row's. Rows of budgets 1, 2, 12 and 5 and depths 4, 3, 2 and 5 expand 1, 2,
     up to 4 and up to 4 nodes a depth and stop at different depths: each row's tree (tokens and parents) is the
     one it grows alone, at every step of a greedy batch. The draft's LM head x 8 makes it confident, so that
-    small budgets keep deep nodes (a row that read another column would keep other ones)."""
+    small budgets keep deep nodes (a row that read another column would keep other ones). A draft need not be
+    batch-invariant (exact.py, `draft_products`): this asks the same choices, not the same bits, of a tiny fp32 head whose
+    candidates' scores are far apart; a near-tie that flipped would show here as a failure to look at."""
     target = llama(seed=3, layers=2)
     engine = Engine(target, "head", tree_budget=12)
     engine.drafter.vocab.weight = engine.drafter.vocab.weight.detach() * 8.0
@@ -185,10 +187,8 @@ def test_rows_whose_frontiers_differ_in_width_grow_the_trees_they_grow_alone() -
             alone = engine.drafter.propose(cache, batch.rows, ks, None, depths)[i]
             assert together[i].tokens.tolist() == alone.tokens.tolist(), (i, compared)
             assert together[i].parents == alone.parents, (i, compared)
-            assert len(alone.tokens) <= budgets[i]
-            assert max((alone.parents or [-1]).count(p) for p in range(-1, len(alone.tokens))) <= 4
             widths.add(len(alone.tokens))
-            deep += budgets[i] <= 2 and alone.parents == [-1, 0]
+            deep += budgets[i] == 2 and alone.parents == [-1, 0]
             compared += 1
         cache.lengths = list(before)
         batch.step()
