@@ -56,6 +56,19 @@ def extensions_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("extensions")
 
 
+@pytest.fixture(scope="session")
+def kernels(extensions_dir) -> Path:
+    """The C++ kernels loaded in this worker from the run's one build directory, before a test compiles a
+    model: a process loads each kernel from the first directory asked (attention_cpu.load, linear_bf16.load),
+    and `compiled.install(model, cache_dir)` asks for `cache_dir/extensions`, so each compiled test on a fresh
+    directory built both again (about 30 s each on 2 cores)."""
+    from adaptive_spec import attention_cpu, linear_bf16
+
+    attention_cpu.load(extensions_dir)
+    linear_bf16.load(extensions_dir)
+    return extensions_dir
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module of tiny-model tests, restored after it.

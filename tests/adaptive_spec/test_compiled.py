@@ -32,7 +32,7 @@ BUDGETS = [20, 9, 24, 16, 5]
 
 
 @pytest.fixture(scope="module")
-def compiled_engine(tmp_path_factory):
+def compiled_engine(tmp_path_factory, kernels):
     torch._dynamo.reset()
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
     return Engine(model, "head", compile=True, compile_dir=tmp_path_factory.mktemp("compile"))
@@ -206,7 +206,7 @@ def test_the_eager_invariant_path_agrees_on_what_is_exact() -> None:
     assert exact.make_exact(model).exact
 
 
-def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_path) -> None:
+def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_path, kernels) -> None:
     """A compiled step leaves the guards on the model's modules out (compiled.py, CompiledStep.rebuild), so
     code compiled for one model must never serve another: here two models alike in every input and
     cache shape but their MLP's width, so only those guards could have told them apart."""

@@ -108,9 +108,10 @@ def test_positions_and_masks_follow_their_definition_for_any_lengths_and_feeds(w
 
 
 @pytest.mark.parametrize("path", ["eager", "compiled"])
-def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_path) -> None:
+def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_path, request) -> None:
     model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
     if path == "compiled":
+        request.getfixturevalue("kernels")
         compiled.install(model, tmp_path)
     assert exact.make_exact(model).exact
     # three rows verify the same tree after different contexts; the middle one is padded (a chain of 2)

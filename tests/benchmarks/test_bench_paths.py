@@ -1,5 +1,6 @@
 """`adaptive-spec bench --compare-paths` on a tiny model: each path's engine, its figures and the
-contract's `paths` keys; the command line refuses a bad list."""
+contract's `paths` keys; the command line refuses a bad list. The eager paths run in the default suite; with
+the compiled path beside them (it compiles the tiny model, about a minute) the test is in the `slow` group."""
 
 import subprocess
 import sys
@@ -14,23 +15,37 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PATH_KEYS = {"path", "target_tok_s", "spec_tok_s", "identical", "exact"}  # DESIGN.md's contract
 
 
-def test_paths_side_by_side(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path))  # the compiled path's cache
-    engines = load_paths(["fp32-eager", "bf16-eager", "bf16-compiled"], str(tiny_model_dir), "head", "cpu")
+def run_side_by_side(names, model_dir):
+    engines = load_paths(names, str(model_dir), "head", "cpu")
     items = [PromptItem([5, 6, 7, 8]), PromptItem([9, 3, 9, 3, 9])]
     figures = run_paths(engines, items, max_new_tokens=10, k=2, progress=False)
     paths = {f["path"]: f for f in figures["paths"]}
-    assert list(paths) == ["fp32-eager", "bf16-eager", "bf16-compiled"]
+    assert list(paths) == names
     for path, f in paths.items():
         assert set(f) >= PATH_KEYS
         assert f["identical"] is True, path  # speculative equals that path's own target alone
         assert isinstance(f["exact"], bool)
         assert set(f["forward_ms"]) == {f"{r}x{w}" for r, w in SHAPES} and all(v > 0 for v in f["forward_ms"].values())
-    assert paths["bf16-eager"]["exact"] and paths["bf16-compiled"]["exact"]  # the invariant kernels, checked
-    assert paths["bf16-compiled"]["compiled"] and not paths["bf16-eager"]["compiled"]
     assert paths["fp32-eager"]["target_vs_first"] == 1.0
     assert figures["target_tok_s"] == paths["fp32-eager"]["target_tok_s"]  # the top level is the first path
     assert figures["identical"] is True and figures["hf_peer"].startswith("none")
+    return figures, paths
+
+
+def test_paths_side_by_side(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path))  # nothing of a test's in the user's data directory
+    figures, paths = run_side_by_side(["fp32-eager", "bf16-eager"], tiny_model_dir)
+    assert paths["bf16-eager"]["exact"]  # the invariant kernels, checked
+    assert not paths["bf16-eager"]["compiled"]
+    assert "bf16-eager" in format_report(figures)
+
+
+@pytest.mark.slow  # it compiles the tiny model (about a minute on 2 cores); the compiled step's own tests run by default
+def test_the_compiled_path_side_by_side(tiny_model_dir, tmp_path, monkeypatch, kernels):
+    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path))  # the compiled path's cache
+    figures, paths = run_side_by_side(["fp32-eager", "bf16-eager", "bf16-compiled"], tiny_model_dir)
+    assert paths["bf16-eager"]["exact"] and paths["bf16-compiled"]["exact"]
+    assert paths["bf16-compiled"]["compiled"] and not paths["bf16-eager"]["compiled"]
     assert "bf16-compiled" in format_report(figures)
 
 
