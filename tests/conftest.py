@@ -11,9 +11,11 @@ always runs locally, whatever $REDIS_URL says.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -56,16 +58,37 @@ def extensions_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("extensions")
 
 
+@contextmanager
+def _extensions_to_ourselves(extensions_dir: Path) -> Iterator[None]:
+    """Hold the tests' own lock on the shared build directory: the other worker then neither loads nor
+    builds a kernel there meanwhile (loading would remove the stale `lock` file that
+    test_attention_cpu.py's lock test leaves on purpose)."""
+    with open(extensions_dir / ".tests", "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def extensions_to_ourselves(extensions_dir) -> Iterator[Path]:
+    with _extensions_to_ourselves(extensions_dir):
+        yield extensions_dir
+
+
 @pytest.fixture(scope="session")
 def kernels(extensions_dir) -> Path:
     """The C++ kernels loaded in this worker from the run's one build directory, before a test compiles a
-    model: a process loads each kernel from the first directory asked (attention_cpu.load, linear_bf16.load),
-    and `compiled.install(model, cache_dir)` asks for `cache_dir/extensions`, so each compiled test on a fresh
-    directory built both again (about 30 s each on 2 cores)."""
+    model. A process loads each kernel from the first directory it is asked for (attention_cpu.load,
+    linear_bf16.load), and `compiled.install(model, cache_dir)` asks for `cache_dir/extensions`: a worker
+    whose first compiled test came before any test of the kernels built both again under a directory of its
+    own (about 30 s each on this 2-core Xeon)."""
     from adaptive_spec import attention_cpu, linear_bf16
 
-    attention_cpu.load(extensions_dir)
-    linear_bf16.load(extensions_dir)
+    with _extensions_to_ourselves(extensions_dir):
+        attention_cpu.load(extensions_dir)
+        linear_bf16.load(extensions_dir)
     return extensions_dir
 
 

@@ -217,11 +217,13 @@ def test_every_size_of_a_kv_group_is_scored_as_its_own_heads(kernel, heads, kv_h
         assert torch.equal(alone[:, :, 0], out[:, :, h]), f"head {h}"
 
 
-def test_a_lock_left_by_a_build_that_died_does_not_stop_the_next_start(kernel, extensions_dir):
+def test_a_lock_left_by_a_build_that_died_does_not_stop_the_next_start(kernel, extensions_to_ourselves):
     """torch takes turns building through a `lock` file it deletes when done. A process ended mid-build
     (`serve` stopped while its models load exits with os._exit) left it, and every later start waited for
     it forever. Now whoever holds the directory's `.builder` lock (the kernel drops it when its holder
-    dies) removes a `lock` it finds. In a process of its own, as a next start would be."""
+    dies) removes a `lock` it finds. In a process of its own, as a next start would be; the other worker
+    keeps out of the directory meanwhile (its `kernels` would remove the lock first)."""
+    extensions_dir = extensions_to_ourselves
     directory = extensions_dir / "adaptive_spec_attention_cpu"
     (directory / "lock").touch()  # what a builder killed mid-build leaves
     script = f"""
