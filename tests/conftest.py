@@ -60,9 +60,9 @@ def extensions_dir(tmp_path_factory) -> Path:
 
 @contextmanager
 def _extensions_to_ourselves(extensions_dir: Path) -> Iterator[None]:
-    """Hold the tests' own lock on the shared build directory: the other worker then neither loads nor
-    builds a kernel there meanwhile (loading would remove the stale `lock` file that
-    test_attention_cpu.py's lock test leaves on purpose)."""
+    """Hold the tests' own lock on the shared build directory: the other worker's `kernels` waits for it
+    (loading the attention kernel there would remove the stale `lock` file that test_attention_cpu.py's lock
+    test leaves on purpose; the kernels' own tests stay in one worker, `--dist loadfile`)."""
     with open(extensions_dir / ".tests", "a") as holder:
         fcntl.flock(holder, fcntl.LOCK_EX)
         try:
