@@ -30,7 +30,7 @@ def open_client(tracking_uri: str):
     if database is None:
         return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     database.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(database.with_name(database.name + ".lock")):
+    with exclusive(database.with_name(database.name + ".lock")):
         client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)  # the runs' store
         client.search_registered_models(max_results=1)  # opens the registry's store too
     return client
@@ -45,7 +45,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     """Held by one process at a time on this machine; released when the process dies, however."""
     try:
         import fcntl

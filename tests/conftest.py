@@ -11,11 +11,9 @@ always runs locally, whatever $REDIS_URL says.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ import torch
 from adaptive_spec.contracts import COMPILE_ENV
 from adaptive_spec.record import CorrectionRecord
 from launch.redis import RedisNotInstalled, RedisServer, started_server
+from registry.mlflow_store import exclusive
 
 # The suite decodes eagerly, in this process and in every server it starts: compiling the default model
 # takes minutes. test_compiled.py compiles a tiny model on purpose; the `compiled` group the default one.
@@ -58,17 +57,11 @@ def extensions_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("extensions")
 
 
-@contextmanager
-def _extensions_to_ourselves(extensions_dir: Path) -> Iterator[None]:
-    """Hold the tests' own lock on the shared build directory: the other worker's `kernels` waits for it
+def _extensions_to_ourselves(extensions_dir: Path):
+    """The tests' own lock on the shared build directory: the other worker's `kernels` waits for it
     (loading the attention kernel there would remove the stale `lock` file that test_attention_cpu.py's lock
     test leaves on purpose; the kernels' own tests stay in one worker, `--dist loadfile`)."""
-    with open(extensions_dir / ".tests", "a") as holder:
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(holder, fcntl.LOCK_UN)
+    return exclusive(extensions_dir / ".tests")
 
 
 @pytest.fixture
