@@ -9,7 +9,11 @@ The run, within `--budget-minutes` in all:
    evaluation prompts and traffic prompts, deterministically. Evaluation prompts are never
    served as traffic, so nothing is trained on them.
 2. Before: on the evaluation prompts, time the target alone and speculative decoding with the
-   starting draft, interleaved (`bench.run_bench` without the HF paths).
+   starting draft, interleaved (`bench.run_bench` without the HF paths). The starting draft is the
+   base draft, or with `--start-version` a version `adaptive-spec distill` made (a deployment that
+   starts warm): it is registered and promoted in the run's own registry (MLflow on sqlite in the
+   run's directory), served from the first measurement, and the trainer adopts it as the champion it
+   trains from and gates against, as a server's trainer adopts the registry's champion.
 3. Traffic: serve the traffic prompts through the engine, each leaving a correction record in a
    real Redis stream (a loopback redis-server is started unless REDIS_URL is set). Meanwhile
    an `OnlineTrainer` consumes the stream through its consumer group, trains a LoRA adapter
@@ -47,17 +51,20 @@ import redis
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.contracts import CORRECTION_STREAM, REDIS_URL_ENV
+from adaptive_spec.contracts import CORRECTION_STREAM, PENDING_FILE, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
 from adaptive_spec.prompts import PromptItem, encode_item
 from adaptive_spec.stats import Totals
 from benchmarks.bench import depths, run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
+from registry.client import AdapterRegistry
 from service.correction_log import CorrectionLogWriter
 from trainer.intake.stream import CorrectionStream
 from trainer.learning.drafts import TARGET_DRAFTS
 from trainer.process.build import build_trainer, lendable, load_draft
+from trainer.promotion.champion import RegistryChampion
+from trainer.promotion.pending import PendingRegistrations
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
@@ -93,6 +100,8 @@ class DriftBenchSettings:
     after_k: tuple[int, ...] = ()  # extra after-measurements at these fixed k
     cost_prompts: int = 4  # held-out prompts the draft cost is timed on, after training
     window_s: float = 30.0  # live acceptance windows of the traffic
+    start_adapter: Path | None = None  # a version's directory to start warm from (step 2); None: the base draft
+    start_version: str | None = None  # its name, for the report (bench-drift --start-version)
 
 
 def split_prompts(items: list[PromptItem], eval_count: int, seed: int) -> tuple[list[PromptItem], list[PromptItem]]:
@@ -122,6 +131,12 @@ def run_drift(
     deadline = started + settings.budget_minutes * 60
     draft = _draft_to_train(engine)
     held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
+    registry = pending = None
+    if settings.start_adapter is not None:
+        version = register_start(settings.start_adapter, workdir)
+        engine.load_adapter(settings.start_adapter, version)  # a bad or another model's adapter stops the run here
+        registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir)
+        pending = PendingRegistrations(registry, workdir / PENDING_FILE, by="bench-drift").start()
 
     before = run_bench(
         engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="before"
@@ -146,6 +161,8 @@ def run_drift(
     served_requests: list[tuple[float, int, int]] = []  # (seconds since training started, drafted, accepted)
 
     def promote(version) -> None:
+        if pending is not None:
+            pending.submit(version)
         swaps.append(engine.load_adapter(version.path, str(version.version)))
         promoted_s.append(time.monotonic() - training_started)
 
@@ -155,18 +172,26 @@ def run_drift(
         target=engine.target_id, draft=engine.draft_id, data_dir=workdir, gate_min_positions=settings.gate_min_positions
     )
     trainer = build_trainer(
-        train, draft, stream, checkpoints=False, on_promote=promote, holdout_fraction=settings.holdout_fraction
+        train,
+        draft,
+        stream,
+        checkpoints=False,
+        on_promote=promote,
+        champion_source=None if registry is None else RegistryChampion(registry, pending),
+        holdout_fraction=settings.holdout_fraction,
     )
     stop = threading.Event()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     worker = threading.Thread(target=_train, args=(trainer, stop, deadline), name="trainer", daemon=True)
-    training_started = time.monotonic()
-    worker.start()
     served = 0
     traffic_new_tokens = settings.traffic_new_tokens or settings.max_new_tokens
     engine.record_topk = 16
     try:
+        if registry is not None and not trainer.sync_registry():  # the start version: the champion it trains from
+            raise ValueError(f"the trainer cannot train on from {settings.start_adapter}: see the error above")
+        training_started = time.monotonic()
+        worker.start()
         bar = tqdm(traffic, desc="traffic", unit="prompt", disable=not progress, file=sys.stderr)
         for item in bar:
             if time.monotonic() > traffic_deadline:
@@ -195,12 +220,16 @@ def run_drift(
     finally:
         engine.record_topk = 0
         stop.set()
-        worker.join()
+        if worker.ident is not None:
+            worker.join()
         torch.set_num_threads(threads)
         writer.close(timeout=5)
         if stream_name != CORRECTION_STREAM:
             client.delete(stream_name)
         client.close()
+        if pending is not None:
+            pending.stop(timeout=30.0)
+            registry.close()
 
     after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="after")
     fixed = {
@@ -235,6 +264,8 @@ def run_drift(
         "live": live_windows(served_requests, settings.window_s),
         "window_s": settings.window_s,
         "promoted_s": promoted_s,
+        "start_version": settings.start_version,
+        "adoptions": trainer.champion.adoptions,
     }
 
 
@@ -259,6 +290,18 @@ def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[
         }
         for index, (requests, drafted, accepted) in sorted(windows.items())
     ]
+
+
+def register_start(adapter_dir: Path, data_dir: Path) -> str:
+    """The start version registered and promoted in a run's own registry (MLflow on sqlite in `data_dir`),
+    before its server or trainer starts: a server's watcher serves the champion from the first request, a
+    trainer adopts it as the champion it trains from. Returns its version there."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    registry = AdapterRegistry(sqlite_tracking_uri(data_dir), data_dir=data_dir)
+    try:
+        return registry.register(adapter_dir, by="bench-drift")
+    finally:
+        registry.close()
 
 
 def _extras(figures: dict) -> dict:
@@ -297,6 +340,7 @@ def format_report(figures: dict) -> str:
             f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
             f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
             f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
+            *([f"started warm from version {figures['start_version']}"] if figures.get("start_version") else []),
             f"                       before    after   (held-out prompts: {figures['eval_prompts']}, "
             f"{figures['max_new_tokens']} new tokens; traffic answers {figures.get('traffic_new_tokens', '?')})",
             f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",

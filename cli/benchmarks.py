@@ -93,9 +93,10 @@ def add_commands(commands) -> None:
     drift.add_argument(
         "--start-version",
         metavar="VERSION|DIR",
-        help="--scenario: start warm from this registry version (MLFLOW_TRACKING_URI, else the data directory's "
-        "mlflow.db; `adaptive-spec distill` registers one) or adapter directory: the adaptive server serves it from "
-        "the first request and the trainer trains on from it, and the static server serves the same version frozen",
+        help="start warm from this registry version (MLFLOW_TRACKING_URI, else the data directory's mlflow.db; "
+        "`adaptive-spec distill` registers one) or adapter directory: served from the first measurement, and the "
+        "trainer trains on from it (a deployment that distilled first); with --scenario the adaptive server does so "
+        "and the static server serves the same version frozen",
     )
     drift.add_argument(
         "--concurrency", type=positive_int, default=1, help="users sending traffic (--scenario; default: %(default)s)"
@@ -172,8 +173,8 @@ def cmd_bench_drift(args) -> int:
         return _bench_scenario(args)
     if args.plot and not args.compare_drafts:
         raise_input("--plot draws a --scenario run or a --compare-drafts run")
-    if args.start_version:
-        raise_input("--start-version applies to --scenario")
+    if args.start_version and args.compare_drafts:
+        raise_input("--start-version does not apply to --compare-drafts")
     if args.window_s <= 0:
         raise_input("--window-s must be positive")
     if args.budget_minutes <= 0:
@@ -181,6 +182,8 @@ def cmd_bench_drift(args) -> int:
     if args.compare_drafts:
         return _bench_compare(args)
     items, domain, settings = _drift_inputs(args)
+    settings.start_adapter = resolve_adapter(args.start_version, "--start-version")
+    settings.start_version = args.start_version
     engine = load_engine(args)
     workdir = temporary_workdir(data_dir())
     with redis_url(workdir) as url:

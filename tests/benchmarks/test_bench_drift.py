@@ -6,8 +6,10 @@ import pytest
 from tiny import llama
 
 from adaptive_spec import Engine
+from adaptive_spec.contracts import sqlite_tracking_uri
 from adaptive_spec.prompts import PromptItem
-from benchmarks.drift import DriftBenchSettings, format_report, run_drift
+from benchmarks.bench import run_bench
+from benchmarks.drift import DriftBenchSettings, format_report, run_drift, split_prompts
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("one_thread")]
 
@@ -69,3 +71,53 @@ def test_a_bf16_server_trains_its_draft_over_an_fp32_target_of_the_trainers_own(
     assert figures["records_consumed"] > 0
     assert figures["train_s"] > 0, "no round trained"  # the crash came in the first round
     assert "trainer stopped with an error" not in caplog.text
+
+
+def test_a_run_from_a_start_version_serves_it_from_the_first_measurement_and_trains_on_from_it(
+    tiny_model_dir, redis_url, tmp_path, monkeypatch
+):
+    """--start-version (a deployment that ran `distill` first): the version is the run's registry's champion,
+    the "before" measurement drafts with it, the trainer adopts it as the champion it trains from, and what
+    the trainer promotes is registered after it."""
+    from adapter_files import write_adapter
+    from tiny import tiny_target
+
+    from registry.client import AdapterRegistry
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    warm = write_adapter(  # shaped as the trainer's own LoRA (rank 16): one it can train on from
+        tiny_target(0), 1, tmp_path / "warm", 3, rank=16, target_id=str(tiny_model_dir), draft_id="early-exit:1", version=7
+    )
+    engine = Engine.from_pretrained(
+        str(tiny_model_dir), "early-exit:1", device="cpu", dtype="fp32", compile=False, eos_token_id=[], record_topk=8
+    )
+    rng = np.random.default_rng(0)
+    items = [PromptItem(rng.integers(3, 60, 8).tolist()) for _ in range(80)]
+    settings = DriftBenchSettings(
+        budget_minutes=1.0,
+        eval_prompts=4,
+        max_new_tokens=12,
+        k=2,  # a fixed k: the held-out counts depend on the draft's weights alone
+        train_tail_s=5,
+        gate_min_positions=24,
+        start_adapter=warm,
+        start_version="7",
+    )
+    held_out = split_prompts(items, settings.eval_prompts, settings.seed)[0]
+    base = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=False)
+    workdir = tmp_path / "run"
+    figures = run_drift(engine, items, "tiny", settings, redis_url, workdir, progress=False)
+
+    assert figures["before"]["identical"] is True and figures["after"]["identical"] is True
+    assert (figures["before"]["drafted"], figures["before"]["accepted"]) != (base["drafted"], base["accepted"])
+    assert figures["adoptions"] == 1  # the trainer took the start version as its champion
+    assert figures["start_version"] == "7" and "started warm from version 7" in format_report(figures)
+    registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir)
+    try:
+        # The start version is the registry's 1 and stays the general champion; the traffic's domain gets a
+        # lineage of its own, trained from it (trainer/loop/domains.py), each promotion registered in turn.
+        promoted = figures["adapters_promoted"]
+        assert registry.served().version == "1"
+        assert registry.served(domain="tiny").version == (str(1 + promoted) if promoted else None)
+    finally:
+        registry.close()

@@ -121,11 +121,11 @@ def test_a_scenario_from_a_start_version_serves_it_on_both_servers_the_static_on
     assert "static: version 7, frozen" in format_report(result)
 
 
-def test_start_version_applies_to_scenarios_only():
+def test_start_version_does_not_apply_to_compare_drafts():
     run = subprocess.run(
-        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3"],
+        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3", "--compare-drafts", "head,ngram+head"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert run.returncode == 2 and "--start-version applies to --scenario" in run.stderr
+    assert run.returncode == 2 and "--start-version does not apply to --compare-drafts" in run.stderr
