@@ -131,17 +131,15 @@ def run_drift(
     deadline = started + settings.budget_minutes * 60
     draft = _draft_to_train(engine)
     held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
-    registry = pending = None
-    if settings.start_adapter is not None:
-        version = register_start(settings.start_adapter, workdir)
-        engine.load_adapter(settings.start_adapter, version)  # a bad or another model's adapter stops the run here
-        registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir)
-        pending = PendingRegistrations(registry, workdir / PENDING_FILE, by="bench-drift").start()
+    warm = settings.start_adapter is not None
+    if warm:  # a bad adapter, or another model's, stops the run here
+        engine.load_adapter(settings.start_adapter, register_start(settings.start_adapter, workdir))
 
+    measuring = time.monotonic()
     before = run_bench(
         engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="before"
     )
-    eval_s = time.monotonic() - started
+    eval_s = time.monotonic() - measuring
     # Leave room for the second measurement (it may run slower with a larger k), the draft cost's
     # pass (two generations per prompt, as the measurement) and the write-up.
     cost_share = min(settings.cost_prompts, len(held_out)) / len(held_out)
@@ -168,9 +166,17 @@ def run_drift(
 
     # A benchmark sees minutes of traffic, not hours: a larger held-out share than a server's trainer
     # keeps, so the statistical gate has its first records sooner; the gate itself is the trainer's.
+    # Warm, the trainer trains one general adapter from the start version, as distill does; else the traffic's
+    # domain gets a lineage of its own (trainer/loop/domains.py), trained from the base draft.
     train = TrainerSettings(
-        target=engine.target_id, draft=engine.draft_id, data_dir=workdir, gate_min_positions=settings.gate_min_positions
+        target=engine.target_id,
+        draft=engine.draft_id,
+        data_dir=workdir,
+        gate_min_positions=settings.gate_min_positions,
+        max_domains=0 if warm else TrainerSettings.max_domains,
     )
+    registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir) if warm else None
+    pending = PendingRegistrations(registry, workdir / PENDING_FILE, by="bench-drift").start() if registry else None
     trainer = build_trainer(
         train,
         draft,
@@ -187,9 +193,10 @@ def run_drift(
     served = 0
     traffic_new_tokens = settings.traffic_new_tokens or settings.max_new_tokens
     engine.record_topk = 16
+    unregistered = None
     try:
-        if registry is not None and not trainer.sync_registry():  # the start version: the champion it trains from
-            raise ValueError(f"the trainer cannot train on from {settings.start_adapter}: see the error above")
+        if warm and not trainer.sync_registry():  # the start version: the champion it trains from
+            raise ValueError(f"the trainer cannot train on from --start-version {settings.start_version}: see the log")
         training_started = time.monotonic()
         worker.start()
         bar = tqdm(traffic, desc="traffic", unit="prompt", disable=not progress, file=sys.stderr)
@@ -228,7 +235,7 @@ def run_drift(
             client.delete(stream_name)
         client.close()
         if pending is not None:
-            pending.stop(timeout=30.0)
+            unregistered = pending.stop(timeout=30.0)
             registry.close()
 
     after = run_bench(engine, held_out, settings.max_new_tokens, settings.k, hf=False, progress=progress, desc="after")
@@ -265,6 +272,7 @@ def run_drift(
         "window_s": settings.window_s,
         "promoted_s": promoted_s,
         "start_version": settings.start_version,
+        "versions_not_registered": unregistered,  # warm: still queued for the run's registry at the end
         "adoptions": trainer.champion.adoptions,
     }
 
@@ -293,13 +301,15 @@ def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[
 
 
 def register_start(adapter_dir: Path, data_dir: Path) -> str:
-    """The start version registered and promoted in a run's own registry (MLflow on sqlite in `data_dir`),
-    before its server or trainer starts: a server's watcher serves the champion from the first request, a
-    trainer adopts it as the champion it trains from. Returns its version there."""
+    """The start version registered in a run's own registry (MLflow on sqlite in `data_dir`) and promoted to
+    its general champion, before its server or trainer starts: a server's watcher serves the champion from the
+    first request, a trainer adopts it as the champion it trains from. Returns its version there."""
     data_dir.mkdir(parents=True, exist_ok=True)
     registry = AdapterRegistry(sqlite_tracking_uri(data_dir), data_dir=data_dir)
-    try:
-        return registry.register(adapter_dir, by="bench-drift")
+    try:  # the general champion, whatever domain the adapter was trained for: what every request drafts with
+        version = registry.register(adapter_dir, by="bench-drift", promote=False)
+        registry.promote(version, by="bench-drift")
+        return version
     finally:
         registry.close()
 
@@ -340,7 +350,11 @@ def format_report(figures: dict) -> str:
             f"{figures['records_consumed']} records ({figures['tokens_consumed']} tokens) consumed, "
             f"{figures['adapters_promoted']} adapters promoted, {figures['train_s']:.0f} s training, "
             f"{figures['elapsed_minutes']:.1f} of {figures['budget_minutes']:g} minutes",
-            *([f"started warm from version {figures['start_version']}"] if figures.get("start_version") else []),
+            *(
+                [f"started warm from --start-version {figures['start_version']}"]
+                if figures.get("start_version")
+                else []
+            ),
             f"                       before    after   (held-out prompts: {figures['eval_prompts']}, "
             f"{figures['max_new_tokens']} new tokens; traffic answers {figures.get('traffic_new_tokens', '?')})",
             f"  acceptance rate        {f(b['acceptance_rate'])}    {f(a['acceptance_rate'])}",

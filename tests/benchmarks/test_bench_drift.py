@@ -1,6 +1,9 @@
 """bench-drift end to end on a tiny model: before, traffic through real Redis with the trainer
 running, after, and the extra fixed-k measurements, all within the budget."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from tiny import llama
@@ -86,7 +89,14 @@ def test_a_run_from_a_start_version_serves_it_from_the_first_measurement_and_tra
 
     monkeypatch.setenv("REDIS_URL", redis_url)
     warm = write_adapter(  # shaped as the trainer's own LoRA (rank 16): one it can train on from
-        tiny_target(0), 1, tmp_path / "warm", 3, rank=16, target_id=str(tiny_model_dir), draft_id="early-exit:1", version=7
+        tiny_target(0),
+        1,
+        tmp_path / "warm",
+        3,
+        rank=16,
+        target_id=str(tiny_model_dir),
+        draft_id="early-exit:1",
+        version=7,
     )
     engine = Engine.from_pretrained(
         str(tiny_model_dir), "early-exit:1", device="cpu", dtype="fp32", compile=False, eos_token_id=[], record_topk=8
@@ -111,13 +121,24 @@ def test_a_run_from_a_start_version_serves_it_from_the_first_measurement_and_tra
     assert figures["before"]["identical"] is True and figures["after"]["identical"] is True
     assert (figures["before"]["drafted"], figures["before"]["accepted"]) != (base["drafted"], base["accepted"])
     assert figures["adoptions"] == 1  # the trainer took the start version as its champion
-    assert figures["start_version"] == "7" and "started warm from version 7" in format_report(figures)
+    assert figures["records_consumed"] > 0 and figures["versions_not_registered"] == 0
+    assert figures["start_version"] == "7" and "started warm from --start-version 7" in format_report(figures)
     registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir)
     try:
-        # The start version is the registry's 1 and stays the general champion; the traffic's domain gets a
-        # lineage of its own, trained from it (trainer/loop/domains.py), each promotion registered in turn.
-        promoted = figures["adapters_promoted"]
-        assert registry.served().version == "1"
-        assert registry.served(domain="tiny").version == (str(1 + promoted) if promoted else None)
+        # The start version is the registry's 1; the trainer trains one general adapter from it, and each
+        # promotion, registered in turn, was trained from the one before (a candidate whose parent is not
+        # the champion would have been registered without promoting it: trainer/promotion/pending.py).
+        assert registry.served().version == str(1 + figures["adapters_promoted"])
+        assert registry.champions() == {None: registry.served().version}  # no domain lineage
     finally:
         registry.close()
+
+
+def test_start_version_does_not_apply_to_compare_drafts():
+    run = subprocess.run(
+        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3", "--compare-drafts", "head,ngram+head"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "--start-version does not apply to --compare-drafts" in run.stderr

@@ -7,7 +7,6 @@ Run: .venv/bin/python -m pytest tests/benchmarks/test_bench_scenario.py -q   (ab
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -119,13 +118,3 @@ def test_a_scenario_from_a_start_version_serves_it_on_both_servers_the_static_on
     assert result["start_version"] == "7" and result["static"] == "version 7, frozen"
     assert result["first_adapter_versions"] == {"adaptive": "1", "static": "7"}  # the run's registry calls it 1
     assert "static: version 7, frozen" in format_report(result)
-
-
-def test_start_version_does_not_apply_to_compare_drafts():
-    run = subprocess.run(
-        [sys.executable, "-m", "cli", "bench-drift", "--start-version", "3", "--compare-drafts", "head,ngram+head"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 2 and "--start-version does not apply to --compare-drafts" in run.stderr
