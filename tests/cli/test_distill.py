@@ -69,6 +69,31 @@ def distilled(tiny_model_dir, redis_url, tmp_path_factory):
     registry.close()
 
 
+def test_a_deployment_with_a_champion_distils_on_from_it_and_generates_with_it(tiny_model_dir, redis_url, tmp_path):
+    """A second `distill` (or one after the online trainer promoted): the trainer adopts the registry's
+    champion, and the prompts are generated with it, as a server would draft them (they were generated with the
+    base draft, which only made them slower)."""
+    from adapter_files import write_adapter
+    from tiny import tiny_target
+
+    warm = write_adapter(  # shaped as the trainer's own LoRA (rank 16)
+        tiny_target(0), 1, tmp_path / "warm", 3, rank=16, target_id=str(tiny_model_dir), draft_id=DRAFT
+    )
+    registry = AdapterRegistry(None, data_dir=tmp_path)
+    try:
+        champion = registry.register(warm, by="test")
+        saved = tmp_path / "made.bin"
+        train = train_settings(tiny_model_dir, tmp_path, redis_url)
+        settings = DistillSettings(minutes=0.3, max_new_tokens=8, eval_prompts=0, tail_s=1)
+        prompts = [PromptItem("abcd" + str(i)) for i in range(6)]
+        engine = engine_of(tiny_model_dir, k=2)
+        distill(engine, train, settings, prompts=prompts, save_records=saved, registry=registry, progress=False)
+        made = read_records(saved)
+        assert made and made[0].adapter_version == champion
+    finally:
+        registry.close()
+
+
 @pytest.mark.slow  # they share a distillation of about a minute
 def test_exported_records_distil_into_a_registered_champion(distilled):
     figures, engine, registry, _ = distilled

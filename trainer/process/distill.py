@@ -129,8 +129,9 @@ def distill(
         holdout_fraction=settings.holdout_fraction,
         max_domains=0,  # one general adapter: what every request drafts with
     )
-    if registry is not None:
-        trainer.sync_registry()  # start from the deployment's champion, if it has one
+    if registry is not None and trainer.sync_registry():  # start from the deployment's champion, if it has one
+        champion = trainer.champion
+        engine.load_adapter(champion.path, champion.registry_champion)  # and generate with it, as a server would
     eval_reserve = _eval_reserve(len(heldout), settings.max_new_tokens)
     traffic_deadline = deadline - eval_reserve - min(settings.tail_s, settings.minutes * 60 * 0.2)
     stop = threading.Event()
