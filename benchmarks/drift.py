@@ -364,6 +364,11 @@ def format_report(figures: dict) -> str:
             f"  acceptance by depth    before {depths(b['acceptance_by_depth'])}",
             f"                         after  {depths(a['acceptance_by_depth'])}",
             f"  identical to target    {b['identical']}     {a['identical']}",
+            *(
+                [f"  {figures['versions_not_registered']} promoted versions still queued for the run's registry"]
+                if figures.get("versions_not_registered")
+                else []
+            ),
             f"  draft step / target step {f(figures['draft_step_fraction'])} after training "
             f"({f(figures['draft_step_ms'], '.2f')} / {f(figures['target_step_ms'], '.2f')} ms medians, "
             f"timed side by side at k={figures['cost_k']})",
