@@ -132,8 +132,10 @@ def run_drift(
     draft = _draft_to_train(engine)
     held_out, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
     warm = settings.start_adapter is not None
+    registry = None
     if warm:  # a bad adapter, or another model's, stops the run here
-        engine.load_adapter(settings.start_adapter, register_start(settings.start_adapter, workdir))
+        registry = run_registry(workdir)
+        engine.load_adapter(settings.start_adapter, promote_start(registry, settings.start_adapter))
 
     measuring = time.monotonic()
     before = run_bench(
@@ -175,7 +177,6 @@ def run_drift(
         gate_min_positions=settings.gate_min_positions,
         max_domains=0 if warm else TrainerSettings.max_domains,
     )
-    registry = AdapterRegistry(sqlite_tracking_uri(workdir), data_dir=workdir) if warm else None
     pending = PendingRegistrations(registry, workdir / PENDING_FILE, by="bench-drift").start() if registry else None
     trainer = build_trainer(
         train,
@@ -300,18 +301,20 @@ def live_windows(served: list[tuple[float, int, int]], window_s: float) -> list[
     ]
 
 
-def register_start(adapter_dir: Path, data_dir: Path) -> str:
-    """The start version registered in a run's own registry (MLflow on sqlite in `data_dir`) and promoted to
-    its general champion, before its server or trainer starts: a server's watcher serves the champion from the
-    first request, a trainer adopts it as the champion it trains from. Returns its version there."""
+def run_registry(data_dir: Path) -> AdapterRegistry:
+    """A run's own registry: MLflow on sqlite in `data_dir`."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    registry = AdapterRegistry(sqlite_tracking_uri(data_dir), data_dir=data_dir)
-    try:  # the general champion, whatever domain the adapter was trained for: what every request drafts with
-        version = registry.register(adapter_dir, by="bench-drift", promote=False)
-        registry.promote(version, by="bench-drift")
-        return version
-    finally:
-        registry.close()
+    return AdapterRegistry(sqlite_tracking_uri(data_dir), data_dir=data_dir)
+
+
+def promote_start(registry: AdapterRegistry, adapter_dir: Path) -> str:
+    """The start version registered and promoted to the general champion, whatever domain the adapter was
+    trained for (what every request drafts with), before a server or trainer starts on `registry`: a server's
+    watcher serves the champion from the first request, a trainer adopts it as the champion it trains from.
+    Returns its version there."""
+    version = registry.register(adapter_dir, by="bench-drift", promote=False)
+    registry.promote(version, by="bench-drift")
+    return version
 
 
 def _extras(figures: dict) -> dict:

@@ -47,7 +47,7 @@ import httpx
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.options import ModelOptions
 from adaptive_spec.prompts import PromptItem, load_prompts
-from benchmarks.drift import register_start, split_prompts
+from benchmarks.drift import promote_start, run_registry, split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures
 from benchmarks.serve import ServeBenchSettings, child_env, served
@@ -126,7 +126,7 @@ def run_scenario(settings: ScenarioSettings, log: Callable[[str], None] = print)
         data = work / "adaptive"
         shared = {REDIS_URL_ENV: redis.url, MLFLOW_TRACKING_URI_ENV: sqlite_tracking_uri(data)}
         serve = ServeBenchSettings(**vars(settings.models), concurrency=(settings.concurrency,), cli=settings.cli)
-        start = None if settings.start_adapter is None else register_start(settings.start_adapter, data)
+        start = None if settings.start_adapter is None else _register_start(settings.start_adapter, data)
         both = {  # the two servers' environment: all cores but the trainer's, one model name
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
             "ADAPTIVE_SPEC_SERVED_MODEL_NAME": SERVED_NAME,
@@ -223,6 +223,15 @@ def _heldout_of(phase: Phase, sets: dict[str, PromptSet]) -> list[tuple[PromptIt
 
 
 # ---------------------------------------------------------------------------------------- processes
+
+
+def _register_start(adapter_dir: Path, data_dir: Path) -> str:
+    """The start version as the adaptive run's champion (drift.py `promote_start`); its version there."""
+    registry = run_registry(data_dir)
+    try:
+        return promote_start(registry, adapter_dir)
+    finally:
+        registry.close()
 
 
 def _frozen(serve: ServeBenchSettings, adapter_dir: Path | None) -> ServeBenchSettings:
