@@ -6,12 +6,20 @@ one fresh head per recipe, scored on the same held-out records.
         # about 8 min of generation (2 threads), then about 6 min a recipe at one thread (unroll-2: 12)
     adaptive-spec bench-head-ablation --recipes rank-16,no-regression --steps 60
 
-1. Records: the domain's prompts are split as `bench-drift` splits them (its held-out evaluation
-   prompts are left out here too), and the first `--train-records + --heldout-records` traffic
-   prompts are generated greedily by the target with the base head drafting, each leaving the
-   correction record a server would log (the target's top-16 at each output position). With
-   `--records-file` they are kept there and read back by the next run, so recipes can be added
-   without generating again.
+1. Records: the domain's prompts (or `--prompts FILE`'s) are split as `bench-drift` splits them (its
+   held-out evaluation prompts are left out here too), and the first `--train-records +
+   --heldout-records` traffic prompts are generated greedily by the target with the base head
+   drafting, each leaving the correction record a server would log (the target's top-16 at each
+   output position). With `--records-file` they are kept there and read back by the next run, so
+   recipes can be added without generating again. The records are shuffled (`--seed`), the first
+   `--heldout-records` held out and the next `--train-records` trained on: a run that reads a file
+   back with fewer training records trains on a subset and scores on the same held-out records, a
+   learning curve over data:
+
+    adaptive-spec bench-head-ablation --prompts stdlib.jsonl --train-records 352 --heldout-records 24 \
+        --records-file stdlib.bin --recipes fused-features-rank-128-unroll-4 --json stdlib-352.json
+    adaptive-spec bench-head-ablation --prompts stdlib.jsonl --train-records 88 --heldout-records 24 \
+        --records-file stdlib.bin --recipes fused-features-rank-128-unroll-4 --json stdlib-88.json
 2. Per recipe: a fresh `TrainableHead` on the default model and a `HeadTrainer` with the recipe's
    `HeadSettings` take `--steps` optimiser steps, each on a batch the replay buffer samples from
    the training records (`batch_tokens` input tokens, as the online trainer does). Every
@@ -179,9 +187,10 @@ def run_ablation(settings: AblationSettings) -> dict:
         print(f"{len(records)} records read from {settings.records_file}", file=sys.stderr)
     else:  # the default serving path (bf16 where exact, compiled) logs them, as a server would
         engine = Engine.from_pretrained(target=settings.target, draft="head")
-        _, traffic = split_prompts(load_prompts(shipped(settings.domain)), settings.eval_prompts, settings.seed)
+        items = load_prompts(settings.prompts or shipped(settings.domain))
+        _, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
         wanted = settings.train_records + settings.heldout_records
-        records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, settings.domain)
+        records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, settings.source)
         if settings.records_file:
             save_records(settings.records_file, records)
         del engine
@@ -191,9 +200,10 @@ def run_ablation(settings: AblationSettings) -> dict:
     target, _ = load_model(settings.target, device, resolve_dtype(TrainerSettings.dtype, device))
     random.Random(settings.seed).shuffle(records)
     heldout = records[: settings.heldout_records]
-    train = [examples_from_record(record) for record in records[settings.heldout_records :]]
+    kept = records[settings.heldout_records : settings.heldout_records + settings.train_records]
+    train = [examples_from_record(record) for record in kept]
     figures: dict = {
-        "domain": settings.domain,
+        "domain": settings.source,
         "target": settings.target,
         "train_records": len(train),
         "heldout_records": len(heldout),

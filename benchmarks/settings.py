@@ -69,8 +69,9 @@ RECIPES = {
 class AblationSettings:
     target: str = DEFAULT_MODEL
     domain: str = "python"  # a shipped prompt set
+    prompts: Path | None = None  # a JSONL prompt file instead of the domain's set (bench-drift --prompts)
     recipes: tuple[str, ...] = tuple(RECIPES)
-    train_records: int = 160  # about 30 min of bench-drift traffic
+    train_records: int = 160  # about 30 min of bench-drift traffic; at most this many of a records file's
     heldout_records: int = 32
     max_new_tokens: int = 64
     steps: int = 200  # optimiser steps per recipe
@@ -86,3 +87,8 @@ class AblationSettings:
         unknown = [name for name in self.recipes if name not in RECIPES]
         if unknown:
             raise ValueError(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
+
+    @property
+    def source(self) -> str:
+        """The prompts' name in the figures: the file's stem, or the shipped domain."""
+        return self.prompts.stem if self.prompts else self.domain

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from adaptive_spec.options import DTYPES
 from benchmarks.settings import RECIPES, AblationSettings, IntakeBenchSettings
-from cli.options import MODELS, positive_float, positive_int, raise_input, write_json
+from cli.options import MODELS, positive_float, positive_int, prompt_file, raise_input, write_json
 
 
 def add_commands(commands) -> None:
@@ -81,9 +81,18 @@ def add_commands(commands) -> None:
     )
     ablation.add_argument("--target", default=recipe.target, help="default: %(default)s")
     ablation.add_argument("--domain", default=recipe.domain, help="a shipped prompt set (default: %(default)s)")
+    ablation.add_argument(
+        "--prompts",
+        type=prompt_file,
+        help="a JSONL prompt file (or a shipped set's name) instead of --domain, split as bench-drift splits it",
+    )
     ablation.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated (default: all)")
     ablation.add_argument(
-        "--train-records", type=positive_int, default=recipe.train_records, help="default: %(default)s"
+        "--train-records",
+        type=positive_int,
+        default=recipe.train_records,
+        help="records trained on, after the held-out ones; of a --records-file, at most this many, so fewer "
+        "train on a subset scored on the same held-out records (default: %(default)s)",
     )
     ablation.add_argument("--heldout-records", type=positive_int, default=recipe.heldout_records)
     ablation.add_argument("--max-new-tokens", type=positive_int, default=recipe.max_new_tokens)
@@ -172,6 +181,7 @@ def cmd_bench_head_ablation(args) -> int:
             settings = AblationSettings(
                 target=args.target,
                 domain=args.domain,
+                prompts=args.prompts,
                 recipes=tuple(name for name in args.recipes.split(",") if name),
                 train_records=args.train_records,
                 heldout_records=args.heldout_records,

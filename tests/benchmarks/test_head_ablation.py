@@ -7,6 +7,7 @@ per recipe over an fp32 target, match by depth reported; a second run reads the 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -46,3 +47,37 @@ def test_recipes_train_and_report_match_by_depth(tiny_model_dir, tmp_path, monke
 
     again = run_ablation(settings)  # the records are read back, not generated again
     assert again["train_tokens"] == figures["train_tokens"]
+
+
+def test_a_prompt_file_and_a_subset_of_its_records(tiny_model_dir, tmp_path, monkeypatch):
+    """--prompts FILE instead of a shipped domain; reading the records back with fewer --train-records trains
+    on a subset of them, scored on the same held-out records (a learning curve over data)."""
+    monkeypatch.setenv("ADAPTIVE_SPEC_COMPILE", "0")
+    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path / "data"))
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"What is {n} + {n}?"}]}) + "\n" for n in range(12)
+        )
+    )
+    records_file = tmp_path / "records.bin"
+    settings = AblationSettings(
+        target=str(tiny_model_dir),
+        prompts=prompts,
+        recipes=("rank-16",),
+        train_records=5,
+        heldout_records=2,
+        max_new_tokens=6,
+        steps=1,
+        eval_every=1,
+        batch_tokens=128,
+        depth=2,
+        eval_prompts=2,
+        records_file=records_file,
+    )
+    whole = run_ablation(settings)
+    assert whole["domain"] == "questions" and whole["train_records"] == 5 and whole["heldout_records"] == 2
+    subset = run_ablation(replace(settings, train_records=2))
+    assert subset["train_records"] == 2 and 0 < subset["train_tokens"] < whole["train_tokens"]
+    # the same held-out records: a head of no training scores them the same in both runs
+    assert subset["recipes"]["rank-16"]["curve"][0] == whole["recipes"]["rank-16"]["curve"][0]
