@@ -222,10 +222,19 @@ def run_ablation(settings: AblationSettings) -> dict:
 
 
 def merged(paths: list[Path]) -> dict:
-    """The figures of several runs' JSON files, their recipes together (the first file's other keys)."""
-    figures = json.loads(paths[0].read_text())
-    for extra in paths[1:]:
-        figures["recipes"] |= json.loads(extra.read_text())["recipes"]
+    """The figures of several runs' JSON files, their recipes together (the first file's other keys). Runs
+    on different numbers of training records (a learning curve over data) name each recipe with its
+    count, "fused-features-rank-128-unroll-4, 88 records", and `train_records` becomes the fewest."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    sizes = sorted({run["train_records"] for run in runs})
+    recipes = {
+        name if len(sizes) == 1 else f"{name}, {run['train_records']} records": result
+        for run in runs
+        for name, result in run["recipes"].items()
+    }
+    figures = runs[0] | {"recipes": recipes}
+    if len(sizes) > 1:
+        figures["train_records"], figures["train_records_most"] = sizes[0], sizes[-1]
     return figures
 
 
@@ -261,8 +270,11 @@ def plot(figures: dict, path: Path) -> None:
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
     first.legend(fontsize=8)
+    records = figures["train_records"]
+    if "train_records_most" in figures:
+        records = f"{records}-{figures['train_records_most']}"
     fig.suptitle(
-        f"head recipes on {figures['train_records']} {figures['domain']} records, scored on {figures['heldout_records']} "
+        f"head recipes on {records} {figures['domain']} records, scored on {figures['heldout_records']} "
         f"held-out records (teacher-forced; {Path(str(figures['target'])).name})",
         fontsize=10,
     )

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.head_ablation import format_report, run_ablation
+from benchmarks.head_ablation import format_report, merged, plot, run_ablation
 from benchmarks.settings import AblationSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,3 +81,24 @@ def test_a_prompt_file_and_a_subset_of_its_records(tiny_model_dir, tmp_path, mon
     assert subset["train_records"] == 2 and 0 < subset["train_tokens"] < whole["train_tokens"]
     # the same held-out records: a head of no training scores them the same in both runs
     assert subset["recipes"]["rank-16"]["curve"][0] == whole["recipes"]["rank-16"]["curve"][0]
+
+
+def test_runs_on_different_record_counts_merge_by_count(tmp_path):
+    """--from-json over a learning curve: one recipe trained on 88 and on 352 records stays two lines."""
+    curve = [{"step": 0, "match_1": 0.0, "chain_match": [0.0], "accepted_per_round": 0.0}]
+    paths = []
+    for count, match in ((352, 0.56), (88, 0.41)):
+        result = {"curve": curve, "match_1": match, "chain_match": [match], "accepted_per_round": match, "train_s": 1.0}
+        figures = {"domain": "stdlib", "target": "m", "train_records": count, "heldout_records": 24}
+        figures |= {"batch_tokens": 2048, "depth": 1, "recipes": {"rank-16": result}}
+        paths.append(tmp_path / f"{count}.json")
+        paths[-1].write_text(json.dumps(figures))
+    figures = merged(paths)
+    assert {name: result["match_1"] for name, result in figures["recipes"].items()} == {
+        "rank-16, 352 records": 0.56,
+        "rank-16, 88 records": 0.41,
+    }
+    assert (figures["train_records"], figures["train_records_most"]) == (88, 352)
+    plot(figures, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    assert merged(paths[:1])["recipes"].keys() == {"rank-16"}  # one run: names as they were
