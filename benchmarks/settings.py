@@ -71,7 +71,7 @@ class AblationSettings:
     domain: str = "python"  # a shipped prompt set
     prompts: Path | None = None  # a JSONL prompt file instead of the domain's set (bench-drift --prompts)
     recipes: tuple[str, ...] = tuple(RECIPES)
-    train_records: int = 160  # about 30 min of bench-drift traffic; at most this many of a records file's
+    train_records: int = 160  # about 30 min of bench-drift traffic; of a records file read back, at most this many
     heldout_records: int = 32
     max_new_tokens: int = 64
     steps: int = 200  # optimiser steps per recipe
