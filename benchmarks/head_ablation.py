@@ -92,6 +92,10 @@ from trainer.learning.head_model import TrainableHead
 RECORD_TOPK = 16
 
 
+class MergeOrRecordsError(ValueError):
+    """Records that leave nothing to train on, or result files that cannot be merged: the user's input."""
+
+
 def generate_records(engine, prompts, max_new_tokens: int, domain: str) -> list[CorrectionRecord]:
     """Greedy generations of the prompts, each as the correction record a server would log."""
     engine.record_topk = RECORD_TOPK
@@ -177,9 +181,8 @@ def run_ablation(settings: AblationSettings) -> dict:
     """Every recipe on the same records (generated once, or read from `records_file`); the figures."""
     from adaptive_spec.engine import Engine
     from adaptive_spec.models import load_model, resolve_device, resolve_dtype
-    from adaptive_spec.prompts import load_prompts
     from benchmarks.drift import split_prompts
-    from benchmarks.prompts import shipped
+    from benchmarks.prompts import prompt_set
     from trainer.settings import TrainerSettings
 
     if settings.records_file and settings.records_file.exists():
@@ -187,10 +190,10 @@ def run_ablation(settings: AblationSettings) -> dict:
         print(f"{len(records)} records read from {settings.records_file}", file=sys.stderr)
     else:  # the default serving path (bf16 where exact, compiled) logs them, as a server would
         engine = Engine.from_pretrained(target=settings.target, draft="head")
-        items = load_prompts(settings.prompts or shipped(settings.domain))
+        items, name = prompt_set(settings.prompts, settings.domain)
         _, traffic = split_prompts(items, settings.eval_prompts, settings.seed)
         wanted = settings.train_records + settings.heldout_records
-        records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, settings.source)
+        records = generate_records(engine, traffic[:wanted], settings.max_new_tokens, name)
         if settings.records_file:
             save_records(settings.records_file, records)
         del engine
@@ -201,12 +204,19 @@ def run_ablation(settings: AblationSettings) -> dict:
     random.Random(settings.seed).shuffle(records)
     heldout = records[: settings.heldout_records]
     kept = records[settings.heldout_records : settings.heldout_records + settings.train_records]
+    if not kept:
+        raise MergeOrRecordsError(
+            f"{len(records)} records, none left to train on after {settings.heldout_records} held out"
+        )
+    if len(kept) < settings.train_records:
+        print(f"{len(kept)} records to train on, not {settings.train_records}: the rest were not made", file=sys.stderr)
     train = [examples_from_record(record) for record in kept]
     figures: dict = {
-        "domain": settings.source,
+        "domain": records[0].domain,  # a records file read back names its prompts, whatever --domain says
         "target": settings.target,
         "train_records": len(train),
         "heldout_records": len(heldout),
+        "heldout_request_ids": [record.request_id for record in heldout],
         "train_tokens": sum(example.num_tokens for example in train),
         "steps": settings.steps,
         "batch_tokens": settings.batch_tokens,
@@ -215,7 +225,11 @@ def run_ablation(settings: AblationSettings) -> dict:
         "recipes": {},
     }
     for name in settings.recipes:
-        figures["recipes"][name] = run_recipe(target, name, train, heldout, settings)
+        figures["recipes"][name] = run_recipe(target, name, train, heldout, settings) | {
+            "recipe": name,
+            "train_records": len(train),
+            "train_tokens": figures["train_tokens"],
+        }
         if settings.json:
             write_figures(settings.json, figures)
     return figures
@@ -224,17 +238,28 @@ def run_ablation(settings: AblationSettings) -> dict:
 def merged(paths: list[Path]) -> dict:
     """The figures of several runs' JSON files, their recipes together (the first file's other keys). Runs
     on different numbers of training records (a learning curve over data) name each recipe with its
-    count, "fused-features-rank-128-unroll-4, 88 records", and `train_records` becomes the fewest."""
+    count, "fused-features-rank-128-unroll-4, 88 records"; `train_records` becomes the fewest and
+    `train_records_most` the most. Runs scored on other held-out records are refused."""
     runs = [json.loads(path.read_text()) for path in paths]
-    sizes = sorted({run["train_records"] for run in runs})
-    recipes = {
-        name if len(sizes) == 1 else f"{name}, {run['train_records']} records": result
+    for path, run in zip(paths[1:], runs[1:], strict=True):
+        for key in ("domain", "heldout_records"):
+            if run[key] != runs[0][key]:
+                raise MergeOrRecordsError(f"{path}: {key} {run[key]!r}, not {runs[0][key]!r} as in {paths[0]}")
+    results = [
+        (result.get("recipe", name), result.get("train_records", run["train_records"]), result)
         for run in runs
         for name, result in run["recipes"].items()
-    }
+    ]
+    sizes = sorted({count for _, count, _ in results})
+    recipes: dict = {}
+    for name, count, result in results:
+        label = name if len(sizes) == 1 else f"{name}, {count} records"
+        if label in recipes:
+            raise MergeOrRecordsError(f"{label} is in two of the files: merge one of them")
+        recipes[label] = result
     figures = runs[0] | {"recipes": recipes}
-    if len(sizes) > 1:
-        figures["train_records"], figures["train_records_most"] = sizes[0], sizes[-1]
+    if len(sizes) > 1:  # the first run's token count would name one of them
+        figures |= {"train_records": sizes[0], "train_records_most": sizes[-1], "train_tokens": None}
     return figures
 
 

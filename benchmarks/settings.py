@@ -87,8 +87,3 @@ class AblationSettings:
         unknown = [name for name in self.recipes if name not in RECIPES]
         if unknown:
             raise ValueError(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
-
-    @property
-    def source(self) -> str:
-        """The prompts' name in the figures: the file's stem, or the shipped domain."""
-        return self.prompts.stem if self.prompts else self.domain

@@ -198,12 +198,10 @@ def cmd_bench_drift(args) -> int:
 
 def _drift_inputs(args):
     """(prompts, domain name, DriftBenchSettings) of a bench-drift run, single or --compare-drafts."""
-    from adaptive_spec.prompts import load_prompts
     from benchmarks.drift import DriftBenchSettings
-    from benchmarks.prompts import shipped
+    from benchmarks.prompts import prompt_set
 
-    items = load_prompts(args.prompts or shipped(args.domain))
-    domain = args.prompts.stem if args.prompts else args.domain
+    items, domain = prompt_set(args.prompts, args.domain)
     settings = DriftBenchSettings(
         budget_minutes=args.budget_minutes,
         eval_prompts=args.eval_prompts or 24,

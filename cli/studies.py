@@ -170,10 +170,13 @@ def cmd_bench_intake(args) -> int:
 
 
 def cmd_bench_head_ablation(args) -> int:
-    from benchmarks.head_ablation import format_report, merged, plot, run_ablation, write_figures
+    from benchmarks.head_ablation import MergeOrRecordsError, format_report, merged, plot, run_ablation, write_figures
 
     if args.from_json:
-        figures = merged(args.from_json)
+        try:
+            figures = merged(args.from_json)
+        except MergeOrRecordsError as exc:
+            raise_input(str(exc))
         if args.json:
             write_figures(args.json, figures)
     else:
@@ -197,7 +200,10 @@ def cmd_bench_head_ablation(args) -> int:
             )
         except ValueError as exc:
             raise_input(str(exc))
-        figures = run_ablation(settings)
+        try:
+            figures = run_ablation(settings)
+        except MergeOrRecordsError as exc:
+            raise_input(str(exc))
         print(format_report(figures))
     if args.plot:
         plot(figures, args.plot)

@@ -2,6 +2,7 @@
 
     items = load_prompts(shipped("chat"))          # adaptive_spec.prompts.load_prompts
     path = prompt_source("json_schema")            # a file path as given, else a shipped set's name
+    items, name = prompt_set(args.prompts, args.domain)   # --prompts FILE, else the shipped domain
 
 Each set is a JSON Lines prompt file (adaptive_spec/prompts.py reads the format) next to this module:
 `chat` (24 hand-written prompts, `adaptive-spec bench`'s default), the four drift domains
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptive_spec.prompts import PromptFileError
+from adaptive_spec.prompts import PromptFileError, PromptItem, load_prompts
 
 SETS_DIR = Path(__file__).resolve().parent
 
@@ -35,3 +36,9 @@ def prompt_source(value: str | Path) -> Path:
     if path.is_file() or path.suffix or len(path.parts) > 1:
         return path  # a missing file gets load_prompts' error
     return shipped(str(value))
+
+
+def prompt_set(prompts: Path | None, domain: str) -> tuple[list[PromptItem], str]:
+    """The items of a `--prompts` file, else of the shipped set `domain`, and the name the figures give
+    them: the file's stem, else the domain."""
+    return load_prompts(prompts or shipped(domain)), prompts.stem if prompts else domain

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from benchmarks.head_ablation import format_report, merged, plot, run_ablation
+from benchmarks.head_ablation import MergeOrRecordsError, format_report, merged, plot, run_ablation, write_figures
 from benchmarks.settings import AblationSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -79,26 +80,44 @@ def test_a_prompt_file_and_a_subset_of_its_records(tiny_model_dir, tmp_path, mon
     assert whole["domain"] == "questions" and whole["train_records"] == 5 and whole["heldout_records"] == 2
     subset = run_ablation(replace(settings, train_records=2))
     assert subset["train_records"] == 2 and 0 < subset["train_tokens"] < whole["train_tokens"]
-    # the same held-out records: a head of no training scores them the same in both runs
-    assert subset["recipes"]["rank-16"]["curve"][0] == whole["recipes"]["rank-16"]["curve"][0]
+    assert subset["heldout_request_ids"] == whole["heldout_request_ids"]  # scored on the same held-out records
+    assert len(set(whole["heldout_request_ids"])) == 2
+    with pytest.raises(MergeOrRecordsError, match="none left to train on"):
+        run_ablation(replace(settings, heldout_records=7))
 
 
 def test_runs_on_different_record_counts_merge_by_count(tmp_path):
-    """--from-json over a learning curve: one recipe trained on 88 and on 352 records stays two lines."""
-    curve = [{"step": 0, "match_1": 0.0, "chain_match": [0.0], "accepted_per_round": 0.0}]
-    paths = []
-    for count, match in ((352, 0.56), (88, 0.41)):
-        result = {"curve": curve, "match_1": match, "chain_match": [match], "accepted_per_round": match, "train_s": 1.0}
-        figures = {"domain": "stdlib", "target": "m", "train_records": count, "heldout_records": 24}
-        figures |= {"batch_tokens": 2048, "depth": 1, "recipes": {"rank-16": result}}
-        paths.append(tmp_path / f"{count}.json")
-        paths[-1].write_text(json.dumps(figures))
-    figures = merged(paths)
+    """--from-json over a learning curve: one recipe trained on 88 and on 352 records stays two lines, a merged
+    file merges again, and runs scored on other held-out records are refused."""
+
+    def run(count: int, match: float, heldout: int = 24) -> Path:
+        curve = [{"step": 0, "match_1": 0.0, "chain_match": [0.0], "accepted_per_round": 0.0}]
+        result = {"curve": curve, "match_1": match, "chain_match": [match], "accepted_per_round": match}
+        result |= {"train_s": 1.0, "recipe": "rank-16", "train_records": count, "train_tokens": 10 * count}
+        figures = {"domain": "stdlib", "target": "m", "train_records": count, "heldout_records": heldout}
+        figures |= {"train_tokens": 10 * count, "batch_tokens": 2048, "depth": 1, "recipes": {"rank-16": result}}
+        path = tmp_path / f"{count}-{heldout}.json"
+        path.write_text(json.dumps(figures))
+        return path
+
+    figures = merged([run(352, 0.56), run(88, 0.41)])
     assert {name: result["match_1"] for name, result in figures["recipes"].items()} == {
         "rank-16, 352 records": 0.56,
         "rank-16, 88 records": 0.41,
     }
-    assert (figures["train_records"], figures["train_records_most"]) == (88, 352)
+    assert (figures["train_records"], figures["train_records_most"], figures["train_tokens"]) == (88, 352, None)
     plot(figures, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0
-    assert merged(paths[:1])["recipes"].keys() == {"rank-16"}  # one run: names as they were
+    assert merged([run(352, 0.56)])["recipes"].keys() == {"rank-16"}  # one run: names as they were
+
+    again = tmp_path / "merged.json"
+    write_figures(again, figures)
+    assert merged([again, run(176, 0.5)])["recipes"].keys() == {
+        "rank-16, 352 records",
+        "rank-16, 88 records",
+        "rank-16, 176 records",
+    }
+    with pytest.raises(MergeOrRecordsError, match="heldout_records 32"):
+        merged([run(352, 0.56), run(88, 0.41, heldout=32)])
+    with pytest.raises(MergeOrRecordsError, match="two of the files"):
+        merged([again, run(88, 0.41)])
