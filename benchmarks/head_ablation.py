@@ -92,10 +92,6 @@ from trainer.learning.head_model import TrainableHead
 RECORD_TOPK = 16
 
 
-class MergeOrRecordsError(ValueError):
-    """Records that leave nothing to train on, or result files that cannot be merged: the user's input."""
-
-
 def generate_records(engine, prompts, max_new_tokens: int, domain: str) -> list[CorrectionRecord]:
     """Greedy generations of the prompts, each as the correction record a server would log."""
     engine.record_topk = RECORD_TOPK
@@ -197,20 +193,18 @@ def run_ablation(settings: AblationSettings) -> dict:
         if settings.records_file:
             save_records(settings.records_file, records)
         del engine
-    # The heads train over the target `adaptive-spec train` loads (TrainerSettings' dtype and device: fp32 on
-    # a CPU): the head's layers cannot read a bf16 serving target's states in fp32.
-    device = resolve_device(TrainerSettings.device)
-    target, _ = load_model(settings.target, device, resolve_dtype(TrainerSettings.dtype, device))
     random.Random(settings.seed).shuffle(records)
     heldout = records[: settings.heldout_records]
     kept = records[settings.heldout_records : settings.heldout_records + settings.train_records]
     if not kept:
-        raise MergeOrRecordsError(
-            f"{len(records)} records, none left to train on after {settings.heldout_records} held out"
-        )
+        raise ValueError(f"{len(records)} records, none left to train on after {settings.heldout_records} held out")
     if len(kept) < settings.train_records:
         print(f"{len(kept)} records to train on, not {settings.train_records}: the rest were not made", file=sys.stderr)
     train = [examples_from_record(record) for record in kept]
+    # The heads train over the target `adaptive-spec train` loads (TrainerSettings' dtype and device: fp32 on
+    # a CPU): the head's layers cannot read a bf16 serving target's states in fp32.
+    device = resolve_device(TrainerSettings.device)
+    target, _ = load_model(settings.target, device, resolve_dtype(TrainerSettings.dtype, device))
     figures: dict = {
         "domain": records[0].domain,  # a records file read back names its prompts, whatever --domain says
         "target": settings.target,
@@ -236,31 +230,47 @@ def run_ablation(settings: AblationSettings) -> dict:
 
 
 def merged(paths: list[Path]) -> dict:
-    """The figures of several runs' JSON files, their recipes together (the first file's other keys). Runs
-    on different numbers of training records (a learning curve over data) name each recipe with its
-    count, "fused-features-rank-128-unroll-4, 88 records"; `train_records` becomes the fewest and
-    `train_records_most` the most. Runs scored on other held-out records are refused."""
-    runs = [json.loads(path.read_text()) for path in paths]
+    """The figures of several runs' JSON files, their recipes together (the first file's other keys). A
+    recipe in runs on different numbers of training records (a learning curve over data) or of steps is
+    named with them, "fused-features-rank-128-unroll-4, 88 records"; `train_records` becomes the fewest
+    and `train_records_most` the most. Runs scored on other held-out records are refused."""
+    runs = [_result_file(path) for path in paths]
     for path, run in zip(paths[1:], runs[1:], strict=True):
-        for key in ("domain", "heldout_records"):
-            if run[key] != runs[0][key]:
-                raise MergeOrRecordsError(f"{path}: {key} {run[key]!r}, not {runs[0][key]!r} as in {paths[0]}")
+        for key in ("domain", "heldout_records", "heldout_request_ids"):
+            if key in run and key in runs[0] and run[key] != runs[0][key]:
+                raise ValueError(f"{path}: scored on other held-out records than {paths[0]} ({key} differs)")
     results = [
-        (result.get("recipe", name), result.get("train_records", run["train_records"]), result)
+        (
+            result.get("recipe", name),
+            result.get("train_records", run["train_records"]),
+            result["curve"][-1]["step"],
+            result,
+        )
         for run in runs
         for name, result in run["recipes"].items()
     ]
-    sizes = sorted({count for _, count, _ in results})
+    sizes = sorted({count for _, count, _, _ in results})
+    steps = {last for _, _, last, _ in results}
     recipes: dict = {}
-    for name, count, result in results:
-        label = name if len(sizes) == 1 else f"{name}, {count} records"
+    for name, count, last, result in results:
+        label = ", ".join([name] + [f"{count} records"] * (len(sizes) > 1) + [f"{last} steps"] * (len(steps) > 1))
         if label in recipes:
-            raise MergeOrRecordsError(f"{label} is in two of the files: merge one of them")
+            raise ValueError(f"{label} is in two of the files: merge one of them")
         recipes[label] = result
     figures = runs[0] | {"recipes": recipes}
     if len(sizes) > 1:  # the first run's token count would name one of them
         figures |= {"train_records": sizes[0], "train_records_most": sizes[-1], "train_tokens": None}
     return figures
+
+
+def _result_file(path: Path) -> dict:
+    """A result file --json wrote, checked for what merging reads."""
+    run = json.loads(path.read_text())
+    if not all(key in run for key in ("domain", "heldout_records", "train_records", "recipes")):
+        raise ValueError(f"{path}: not a bench-head-ablation result file (--json)")
+    if "train_records_most" in run and any("train_records" not in result for result in run["recipes"].values()):
+        raise ValueError(f"{path}: a merge of runs on different record counts whose recipes lack their counts")
+    return run
 
 
 def format_report(figures: dict) -> str:

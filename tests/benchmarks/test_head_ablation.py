@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.head_ablation import MergeOrRecordsError, format_report, merged, plot, run_ablation, write_figures
+from benchmarks.head_ablation import format_report, merged, plot, run_ablation, write_figures
 from benchmarks.settings import AblationSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,8 +82,10 @@ def test_a_prompt_file_and_a_subset_of_its_records(tiny_model_dir, tmp_path, mon
     assert subset["train_records"] == 2 and 0 < subset["train_tokens"] < whole["train_tokens"]
     assert subset["heldout_request_ids"] == whole["heldout_request_ids"]  # scored on the same held-out records
     assert len(set(whole["heldout_request_ids"])) == 2
-    with pytest.raises(MergeOrRecordsError, match="none left to train on"):
+    with pytest.raises(ValueError, match="none left to train on"):
         run_ablation(replace(settings, heldout_records=7))
+    # the records read back name their prompts, whatever --domain says
+    assert run_ablation(replace(settings, prompts=None, domain="chat", train_records=1))["domain"] == "questions"
 
 
 def test_runs_on_different_record_counts_merge_by_count(tmp_path):
@@ -117,7 +119,34 @@ def test_runs_on_different_record_counts_merge_by_count(tmp_path):
         "rank-16, 88 records",
         "rank-16, 176 records",
     }
-    with pytest.raises(MergeOrRecordsError, match="heldout_records 32"):
+    with pytest.raises(ValueError, match="heldout_records differs"):
         merged([run(352, 0.56), run(88, 0.41, heldout=32)])
-    with pytest.raises(MergeOrRecordsError, match="two of the files"):
+    with pytest.raises(ValueError, match="two of the files"):
         merged([again, run(88, 0.41)])
+    with pytest.raises(ValueError, match="domain differs"):
+        merged([run(352, 0.56), _renamed(run(88, 0.41), domain="python")])
+    longer = _renamed(
+        run(88, 0.41), curve=[{"step": 600, "match_1": 0.5, "chain_match": [0.5], "accepted_per_round": 0.5}]
+    )
+    assert "rank-16, 88 records, 600 steps" in merged([run(352, 0.56), longer])["recipes"]  # the same recipe, longer
+    old = json.loads(again.read_text())  # a merge written before the recipes kept their counts
+    for result in old["recipes"].values():
+        del result["train_records"]
+    again.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="lack their counts"):
+        merged([again])
+    with pytest.raises(ValueError, match="not a bench-head-ablation result file"):
+        merged([_renamed(run(88, 0.41), drop="recipes")])
+
+
+def _renamed(path: Path, domain: str | None = None, curve: list | None = None, drop: str | None = None) -> Path:
+    """The result file at `path` with its domain or its recipes' curves replaced, or a key dropped."""
+    figures = json.loads(path.read_text())
+    if domain:
+        figures["domain"] = domain
+    for result in figures["recipes"].values():
+        result["curve"] = curve or result["curve"]
+    figures.pop(drop or "", None)
+    out = path.with_name(f"{path.stem}-{domain}-{bool(curve)}-{drop}.json")
+    out.write_text(json.dumps(figures))
+    return out
