@@ -170,9 +170,10 @@ def cmd_bench_intake(args) -> int:
 
 
 def cmd_bench_head_ablation(args) -> int:
+    """Files that do not merge and records that leave nothing to train on raise ValueError: exit 2 in main()."""
     from benchmarks.head_ablation import format_report, merged, plot, run_ablation, write_figures
 
-    if args.from_json:  # a ValueError (files that do not merge, no records to train on) exits 2 in main()
+    if args.from_json:
         figures = merged(args.from_json)
         if args.json:
             write_figures(args.json, figures)

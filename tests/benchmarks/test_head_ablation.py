@@ -18,25 +18,30 @@ from benchmarks.settings import AblationSettings
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_recipes_train_and_report_match_by_depth(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.fixture
+def tiny(tiny_model_dir, tmp_path, monkeypatch) -> AblationSettings:
+    """What the runs on the tiny model share: eager, a data directory of the test's own, 2 held-out records
+    scored after every step, the records kept in a file."""
     monkeypatch.setenv("ADAPTIVE_SPEC_COMPILE", "0")
     monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path / "data"))
-    records_file = tmp_path / "records.bin"
-    settings = AblationSettings(
-        target=str(tiny_model_dir),
+    return AblationSettings(
+        target=str(tiny_model_dir), heldout_records=2, eval_every=1, records_file=tmp_path / "records.bin"
+    )
+
+
+def test_recipes_train_and_report_match_by_depth(tiny, tmp_path):
+    settings = replace(
+        tiny,
         recipes=("rank-64", "unroll-2-decay-0.5-rank-64"),
         train_records=4,
-        heldout_records=2,
         max_new_tokens=8,
         steps=2,
-        eval_every=1,
         batch_tokens=256,
         depth=3,
-        records_file=records_file,
         json=tmp_path / "ablation.json",
     )
     figures = run_ablation(settings)
-    assert records_file.stat().st_size > 0
+    assert settings.records_file.stat().st_size > 0
     assert figures["train_records"] == 4 and figures["heldout_records"] == 2
     for name in settings.recipes:
         result = figures["recipes"][name]
@@ -50,31 +55,25 @@ def test_recipes_train_and_report_match_by_depth(tiny_model_dir, tmp_path, monke
     assert again["train_tokens"] == figures["train_tokens"]
 
 
-def test_a_prompt_file_and_a_subset_of_its_records(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_prompt_file_and_a_subset_of_its_records(tiny, tmp_path):
     """--prompts FILE instead of a shipped domain; reading the records back with fewer --train-records trains
     on a subset of them, scored on the same held-out records (a learning curve over data)."""
-    monkeypatch.setenv("ADAPTIVE_SPEC_COMPILE", "0")
-    monkeypatch.setenv("ADAPTIVE_SPEC_DATA_DIR", str(tmp_path / "data"))
     prompts = tmp_path / "questions.jsonl"
     prompts.write_text(
         "".join(
             json.dumps({"messages": [{"role": "user", "content": f"What is {n} + {n}?"}]}) + "\n" for n in range(12)
         )
     )
-    records_file = tmp_path / "records.bin"
-    settings = AblationSettings(
-        target=str(tiny_model_dir),
+    settings = replace(
+        tiny,
         prompts=prompts,
         recipes=("rank-16",),
         train_records=5,
-        heldout_records=2,
         max_new_tokens=6,
         steps=1,
-        eval_every=1,
         batch_tokens=128,
         depth=2,
         eval_prompts=2,
-        records_file=records_file,
     )
     whole = run_ablation(settings)
     assert whole["domain"] == "questions" and whole["train_records"] == 5 and whole["heldout_records"] == 2
