@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
-    from adaptive_spec.sampling import SamplingParams
+    from adaptive_spec.sample.sampling import SamplingParams
 
 _HOMES = {
     "Chunk": "adaptive_spec.engine",
     "Engine": "adaptive_spec.engine",
     "GenerationOutput": "adaptive_spec.engine",
     "InputError": "adaptive_spec.engine",
-    "SamplingParams": "adaptive_spec.sampling",
+    "SamplingParams": "adaptive_spec.sample.sampling",
 }
 __all__ = ["Chunk", "Engine", "GenerationOutput", "InputError", "SamplingParams"]  # the keys of _HOMES
 

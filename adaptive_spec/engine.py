@@ -27,22 +27,23 @@ from pathlib import Path
 
 import torch
 
-from adaptive_spec import attention, compiled, cpu_linear, exact, kv
-from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots, build_slot
-from adaptive_spec.batch import Batch
-from adaptive_spec.constraints import Penalties
+from adaptive_spec.cache import kv
+from adaptive_spec.cache.prefix import PrefixCache
 from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
+from adaptive_spec.decoding.batch import Batch
+from adaptive_spec.decoding.dynamic_k import DynamicK
+from adaptive_spec.decoding.request import Chunk, GenerationOutput, Request
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
+from adaptive_spec.drafters.slots import AdapterSlot, AdapterSlots, build_slot
 from adaptive_spec.drafters.spec import parse_draft_spec
-from adaptive_spec.dynamic_k import DynamicK
-from adaptive_spec.grammar import WHITESPACE, GrammarError, Grammars
+from adaptive_spec.kernels import attention, compiled, cpu_linear, exact
 from adaptive_spec.models import load_model, resolve_device, serving_dtype
 from adaptive_spec.options import CoreSettings
-from adaptive_spec.prefix_cache import PrefixCache
-from adaptive_spec.request import Chunk, GenerationOutput, InputError, Request
-from adaptive_spec.sampling import SamplingParams
-from adaptive_spec.tokens import encode_prompt, eos_ids, tokens_until_stop
+from adaptive_spec.outputs.constraints import Penalties
+from adaptive_spec.outputs.grammar import WHITESPACE, GrammarError, Grammars
+from adaptive_spec.outputs.tokens import InputError, encode_prompt, eos_ids, tokens_until_stop
+from adaptive_spec.sample.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ class Engine:
 
     def _adaptable_drafter(self):
         if self.drafter is None or not self.drafter.takes_adapters:
-            from adaptive_spec.adapters import AdapterError
+            from adaptive_spec.formats.adapters import AdapterError
 
             raise AdapterError("adapters need a model draft (early-exit:N, head or a separate model)")
         return self.drafter

@@ -43,8 +43,8 @@ from tqdm import tqdm
 from adaptive_spec.drafters.model import ModelDrafter
 from adaptive_spec.drafters.ngram import NgramDrafter
 from adaptive_spec.engine import Engine
-from adaptive_spec.prompts import PromptItem, encode_item
-from adaptive_spec.stats import Totals
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.outputs.prompts import PromptItem, encode_item
 
 
 def run_bench(

@@ -29,7 +29,7 @@ from adaptive_spec.contracts import CORRECTION_STREAM
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.drift import DriftBenchSettings, run_drift
 from trainer.learning.drafts import TARGET_DRAFTS
 

@@ -54,8 +54,8 @@ from tqdm import tqdm
 from adaptive_spec.contracts import CORRECTION_STREAM, PENDING_FILE, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
 from adaptive_spec.engine import Engine
-from adaptive_spec.prompts import PromptItem, encode_item
-from adaptive_spec.stats import Totals
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.outputs.prompts import PromptItem, encode_item
 from benchmarks.bench import depths, run_bench
 from benchmarks.draft_cost import COST_K, measure_draft_cost
 from registry.client import AdapterRegistry

@@ -79,9 +79,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.kv import state_layers
-from adaptive_spec.prompts import encode_item
-from adaptive_spec.record import CorrectionRecord, record_from_output
+from adaptive_spec.cache.kv import state_layers
+from adaptive_spec.formats.record import CorrectionRecord, record_from_output
+from adaptive_spec.outputs.prompts import encode_item
 from benchmarks.settings import RECIPES, AblationSettings
 from service.finite import finite
 from trainer.intake.buffer import ReplayBuffer

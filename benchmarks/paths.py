@@ -34,11 +34,12 @@ from collections.abc import Iterator
 import torch
 from tqdm import tqdm
 
-from adaptive_spec import kv, linear_bf16
+from adaptive_spec.cache import kv
 from adaptive_spec.engine import Engine
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.kernels import linear_bf16
 from adaptive_spec.options import CoreSettings
-from adaptive_spec.prompts import PromptItem
-from adaptive_spec.stats import Totals
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.bench import _timed, prefixes_frozen
 
 PATHS = {"fp32-eager": ("fp32", False), "fp32-compiled": ("fp32", True), "bf16-eager": ("bf16", False),

@@ -46,7 +46,7 @@ import httpx
 
 from adaptive_spec.contracts import MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, sqlite_tracking_uri
 from adaptive_spec.options import ModelOptions
-from adaptive_spec.prompts import PromptItem, load_prompts
+from adaptive_spec.outputs.prompts import PromptItem, load_prompts
 from benchmarks.drift import promote_start, run_registry, split_prompts
 from benchmarks.prompts import prompt_source
 from benchmarks.scenario_figures import Reply, acceptance, summarize, tok_s, window_figures

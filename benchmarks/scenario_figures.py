@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptive_spec.stats import Totals
+from adaptive_spec.formats.stats import Totals
 from service.stats_queries import ratio
 
 RECOVER_FRACTION = 0.8  # recovered: a window at this fraction of the phase's plateau

@@ -53,9 +53,9 @@ from pathlib import Path
 import httpx
 
 from adaptive_spec.contracts import ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV
+from adaptive_spec.formats.stats import Totals
 from adaptive_spec.options import CoreSettings, ModelOptions
-from adaptive_spec.prompts import PromptItem
-from adaptive_spec.stats import Totals
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.load import percentile
 from benchmarks.serve_clients import Reply, closed_loop, model_name, reference_texts, step_counters, streamed, tpots_of
 from launch.processes import Child, free_port, http_ok
@@ -309,7 +309,7 @@ async def _long_prompt_case(url: str, config: str, items: list[PromptItem], sett
     ids, `long_prompt_tokens` of them) sent a fifth of the way in. The figure is the short requests' p99
     time per output token: over the quiet window, and over the requests that were decoding while the long
     prompt was prefilled (sent before its first token, answered after it was sent). Chunked prefill
-    (adaptive_spec/prefill.py) is what keeps the second near the first."""
+    (adaptive_spec/decoding/prefill.py) is what keeps the second near the first."""
     users = max(1, min(max(settings.concurrency), settings.max_batch - 1))  # a row left for the long prompt
     window = max(settings.duration_s / settings.rounds, 5.0)
     speculative = _speculative(config)

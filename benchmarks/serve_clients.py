@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.outputs.prompts import PromptItem
 from service.metrics import PREFIX
 
 

@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import WEIGHTS_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
+from adaptive_spec.formats.adapters import AdapterDir
 from trainer.learning.head_distill import HeadSettings, HeadTrainer
 from trainer.learning.head_model import TrainableHead
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 
 DRAFT_K = 4  # draft tokens per step in the synthetic records
@@ -62,7 +62,7 @@ def synthetic_record(rng: np.random.Generator, settings: RecordShape, vocab: int
 
 
 def _drafting(rng: np.random.Generator, output_ids: np.ndarray, vocab: int) -> tuple[list[int], list[bool]]:
-    """(proposed, accepted) as the engine's trace fills them (adaptive_spec/request.py Trace.record):
+    """(proposed, accepted) as the engine's trace fills them (adaptive_spec/decoding/request.py Trace.record):
     the prefill's token has no proposal; then each step drafts DRAFT_K tokens, keeps the accepted
     ones and adds the recovered token (proposed: the rejected draft token) or, when all were
     accepted, the bonus token (no proposal)."""

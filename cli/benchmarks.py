@@ -250,7 +250,7 @@ def _bench_compare(args) -> int:
 
 
 def _bench_scenario(args) -> int:
-    from adaptive_spec.prompts import PromptFileError
+    from adaptive_spec.outputs.prompts import PromptFileError
     from benchmarks.scenario import ScenarioSettings, parse_scenario, run_scenario
     from benchmarks.scenario_report import format_report, plot
 
@@ -281,7 +281,7 @@ def _bench_scenario(args) -> int:
 
 
 def cmd_bench_swap(args) -> int:
-    from adaptive_spec.prompts import load_prompts
+    from adaptive_spec.outputs.prompts import load_prompts
     from benchmarks.prompts import shipped
     from benchmarks.swap import format_report, run_swap_bench
 

@@ -84,7 +84,7 @@ def add_commands(commands) -> None:
 
 
 def cmd_generate(args) -> int:
-    from adaptive_spec.prompts import PromptItem, load_prompts
+    from adaptive_spec.outputs.prompts import PromptItem, load_prompts
 
     if args.prompts:
         items = load_prompts(args.prompts)
@@ -131,7 +131,7 @@ def cmd_generate(args) -> int:
 
 def _stream_text(engine, prompt, kwargs):
     """Print text as steps finish, never half a character or the start of a stop string."""
-    from adaptive_spec.textstream import IncrementalText
+    from adaptive_spec.outputs.textstream import IncrementalText
 
     text = IncrementalText(engine, kwargs.get("stop"))
     for chunk in engine.stream(prompt, **kwargs):
@@ -152,7 +152,7 @@ def _paths(text: str) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from adaptive_spec.prompts import load_prompts
+    from adaptive_spec.outputs.prompts import load_prompts
     from benchmarks.bench import format_report, run_bench
     from benchmarks.prompts import shipped
 

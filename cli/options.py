@@ -73,7 +73,7 @@ def k_list(text: str) -> tuple[int, ...]:
 
 def prompt_file(text: str) -> Path:
     """--prompts: a JSONL file, or the name of a shipped prompt set."""
-    from adaptive_spec.prompts import PromptFileError
+    from adaptive_spec.outputs.prompts import PromptFileError
     from benchmarks.prompts import prompt_source
 
     try:
@@ -202,7 +202,7 @@ def load_engine(args, **engine_options):
         tree_budget=args.tree_budget,
         **engine_options,
     )
-    from adaptive_spec import linear_bf16
+    from adaptive_spec.kernels import linear_bf16
 
     tiles = (
         " on AMX tiles" if engine.dtype_name == "bf16" and engine.path == "compiled" and linear_bf16.uses_amx() else ""

@@ -122,7 +122,7 @@ def add_commands(commands) -> None:
 
 
 def cmd_bench_serve(args) -> int:
-    from adaptive_spec.prompts import load_prompts
+    from adaptive_spec.outputs.prompts import load_prompts
     from benchmarks.prompts import shipped
     from benchmarks.serve import CONFIGS, ServeBenchSettings, run_serve_bench
     from benchmarks.serve_report import format_report, plot

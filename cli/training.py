@@ -212,7 +212,7 @@ def cmd_train(args) -> int:
 
 def cmd_distill(args) -> int:
     from adaptive_spec.drafters.spec import parse_draft_spec
-    from adaptive_spec.prompts import load_prompts
+    from adaptive_spec.outputs.prompts import load_prompts
     from registry.client import AdapterRegistry
     from trainer.process.distill import DistillSettings, distill, format_line, load_record_file
 

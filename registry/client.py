@@ -55,9 +55,9 @@ import socket
 import time
 from pathlib import Path
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
-from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import ARTIFACT_PATH, CHAMPION, METADATA_FILE, SHA_TAG
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError
 from registry.aliases import RegistryAliases, alias_pair
 from registry.connection import RegistryError, RegistryUnavailable, mlflow_error_code
 from registry.records import RegisteredAdapter, ServedChampion, registered_adapter, run_figures, version_tags

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.contracts import ACTION_TAG, CHAMPION, EVENT_TAG, SHA_TAG, champion_alias, previous_alias
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
 
 DOMAIN_TAG = "domain"  # version (and run) tag: the domain it was trained for; absent for the general adapter
 

@@ -61,7 +61,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord, record_from_output
+from adaptive_spec.formats.record import CorrectionRecord, record_from_output
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from adaptive_spec.stats import RequestStats
+from adaptive_spec.formats.stats import RequestStats
 
 PREFIX = "adaptive_spec:"
 MAX_DOMAINS = 32

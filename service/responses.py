@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptive_spec.engine import GenerationOutput
-from adaptive_spec.stats import Totals
-from adaptive_spec.tools import ToolCall, ToolCallStream
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.outputs.tools import ToolCall, ToolCallStream
 
 CHAT, COMPLETION = "chat", "completion"
 MIN_LOGPROB = -9999.0  # what OpenAI shows for a token the model rules out (JSON has no -inf)
@@ -58,7 +58,7 @@ def usage(prompt_tokens: int, outputs: list[GenerationOutput]) -> dict:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        # prompt tokens whose keys and values the prefix cache held (adaptive_spec/prefix_cache.py), as OpenAI
+        # prompt tokens whose keys and values the prefix cache held (adaptive_spec/cache/prefix.py), as OpenAI
         "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens if stats else 0},
         "spec_decode": {
             "num_draft_tokens": total.drafted,

@@ -13,9 +13,9 @@ import logging
 import time
 import uuid
 
-from adaptive_spec.adapters import AdapterDir
+from adaptive_spec.decoding.request import Request
 from adaptive_spec.engine import Engine, GenerationOutput
-from adaptive_spec.request import Request
+from adaptive_spec.formats.adapters import AdapterDir
 from registry.client import AdapterRegistry
 from service.correction_log import CorrectionLogWriter
 from service.drift import DriftSettings

@@ -8,9 +8,9 @@ name `max_completion_tokens`, `temperature` in [0, 2] (default 1, as OpenAI; 0 i
 
 - `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
   "json_schema": {"name": "...", "schema": {...}}}`, enforced by a grammar on every token
-  (adaptive_spec/grammar.py); a schema the grammar library cannot enforce is a 400 with its message;
+  (adaptive_spec/outputs/grammar.py); a schema the grammar library cannot enforce is a 400 with its message;
 - `frequency_penalty` and `presence_penalty` in [-2, 2], and `logit_bias` (token id as a string ->
-  bias in [-100, 100], at most 300 of them), with OpenAI's formulas (adaptive_spec/constraints.py);
+  bias in [-100, 100], at most 300 of them), with OpenAI's formulas (adaptive_spec/outputs/constraints.py);
 - log-probabilities, the target's own: chat takes `logprobs: true` and `top_logprobs` in [0, 20];
   completions take the legacy `logprobs` in [0, 5] (the number of alternatives per token).
 
@@ -46,11 +46,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from adaptive_spec.constraints import MIN_REPETITION_PENALTY
 from adaptive_spec.contracts import DOMAIN_TAG_PATTERN, MAX_DOMAIN_CHARS
 from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
-from adaptive_spec.sampling import SEED_MAX, SEED_MIN
-from adaptive_spec.tokens import CHAT_ROLES
+from adaptive_spec.outputs.constraints import MIN_REPETITION_PENALTY
+from adaptive_spec.outputs.tokens import CHAT_ROLES
+from adaptive_spec.sample.sampling import SEED_MAX, SEED_MIN
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256  # each one is searched for in the text of every step: bounded like the prompt

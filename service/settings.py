@@ -10,7 +10,7 @@
 | target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the engine's defaults |
 | k | ADAPTIVE_SPEC_K | unset or `dynamic`: dynamic k |
 | compile, tree_budget | ADAPTIVE_SPEC_COMPILE, ADAPTIVE_SPEC_TREE_BUDGET | compiled (the core's default), chains (trees of up to N nodes per row when set) |
-| (the core's) | ADAPTIVE_SPEC_PREFIX_CACHE_MB | 512 MB of prompts' cached prefixes, where the exactness check allows it (adaptive_spec/prefix_cache.py; 0: none) |
+| (the core's) | ADAPTIVE_SPEC_PREFIX_CACHE_MB | 512 MB of prompts' cached prefixes, where the exactness check allows it (adaptive_spec/cache/prefix.py; 0: none) |
 | served_model_name | ADAPTIVE_SPEC_SERVED_MODEL_NAME | the target's name |
 | redis_url | REDIS_URL | none: no correction log |
 | api_key | ADAPTIVE_SPEC_API_KEY | none: /v1 is open |
@@ -35,8 +35,8 @@
 | drift_window_s | ADAPTIVE_SPEC_DRIFT_WINDOW_S | 600 s of traffic the drift alert looks at |
 | drift_fraction | ADAPTIVE_SPEC_DRIFT_FRACTION | 0.7: alert below this fraction of the served adapter's gated figure |
 | drift_min_drafts | ADAPTIVE_SPEC_DRIFT_MIN_DRAFTS | 200 drafting steps in the window before the alert may fire |
-| json_whitespace | ADAPTIVE_SPEC_JSON_WHITESPACE | `compact`: structured outputs and forced tool calls write at most one space between JSON tokens; `pretty` allows up to 8 spaces or newlines (adaptive_spec/grammar.py WHITESPACE) |
-| tool_call_parser | ADAPTIVE_SPEC_TOOL_CALL_PARSER | `hermes`: how tool calls are read from the model's output and forced (adaptive_spec/tools, TOOL_PARSERS) |
+| json_whitespace | ADAPTIVE_SPEC_JSON_WHITESPACE | `compact`: structured outputs and forced tool calls write at most one space between JSON tokens; `pretty` allows up to 8 spaces or newlines (adaptive_spec/outputs/grammar.py WHITESPACE) |
+| tool_call_parser | ADAPTIVE_SPEC_TOOL_CALL_PARSER | `hermes`: how tool calls are read from the model's output and forced (adaptive_spec/outputs/tools, TOOL_PARSERS) |
 
 The API key, the admin token and the signing key must be at least 16 characters (6 distinct) and hold no
 known placeholder (`change-me`, ...): the server refuses to start otherwise, and says how to make one.
@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from adaptive_spec.contracts import DEFAULT_DATA_DIR, ENV_PREFIX, MLFLOW_TRACKING_URI_ENV, REDIS_URL_ENV, redact_url
-from adaptive_spec.grammar import WHITESPACE
 from adaptive_spec.options import EnvSettings, ModelOptions, check_secret
-from adaptive_spec.tools import TOOL_PARSERS
+from adaptive_spec.outputs.grammar import WHITESPACE
+from adaptive_spec.outputs.tools import TOOL_PARSERS
 
 _SECRETS = ("api_key", "admin_token", "signing_key")
 

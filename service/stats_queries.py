@@ -32,8 +32,8 @@ import time
 import redis
 
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, TRAINER_STATUS_KEY, stats_bucket_key
-from adaptive_spec.stats import Totals
-from adaptive_spec.status import TrainerStatusRecord
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.formats.status import TrainerStatusRecord
 
 RESOLUTIONS = (10, 60, 600)  # bucket sizes (s)
 FINE_RETENTION_CAP_S = 2 * 86400  # 10 s buckets live at most this long
@@ -192,7 +192,7 @@ class StatsQueries:
         return merged
 
     def trainer_status(self) -> dict | None:
-        """The trainer's last word (adaptive_spec/status.py): what it did last or waits for; None if none is kept."""
+        """The trainer's last word (adaptive_spec/formats/status.py): what it did last or waits for; None if none is kept."""
         raw = self.redis.get(TRAINER_STATUS_KEY)
         return TrainerStatusRecord.from_json(raw).as_dict() if raw else None
 

@@ -47,10 +47,10 @@ from pathlib import Path
 
 import redis
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
-from adaptive_spec.adapters import AdapterDir, AdapterError
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY, stats_bucket_key
-from adaptive_spec.stats import RequestStats
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError
+from adaptive_spec.formats.stats import RequestStats
 from service.drift import DriftSettings, DriftState, check
 from service.metrics import DomainLabels
 from service.stats_queries import (

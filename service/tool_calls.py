@@ -1,5 +1,5 @@
 """Tool calling on /v1/chat/completions: a checked request's `tools`, `tool_choice` and
-`parallel_tool_calls` as the core's `ToolUse` (adaptive_spec/tools/use.py says what each does), in
+`parallel_tool_calls` as the core's `ToolUse` (adaptive_spec/outputs/tools/use.py says what each does), in
 the format ADAPTIVE_SPEC_TOOL_CALL_PARSER names (`hermes`).
 
     curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' -d '{
@@ -8,13 +8,13 @@ the format ADAPTIVE_SPEC_TOOL_CALL_PARSER names (`hermes`).
       "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}'
 
-A forced call is a grammar like a `response_format` (adaptive_spec/grammar.py), so it stays lossless
+A forced call is a grammar like a `response_format` (adaptive_spec/outputs/grammar.py), so it stays lossless
 under speculation; a parameters schema the grammar library cannot enforce is a 400 naming `tools`.
 """
 
 from __future__ import annotations
 
-from adaptive_spec.tools.use import ToolUse
+from adaptive_spec.outputs.tools.use import ToolUse
 from service.schemas import ChatRequest
 
 

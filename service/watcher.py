@@ -25,7 +25,7 @@ Two signals wake it (DESIGN.md "Swap"):
   is followed within `poll_s` plus a download, and a lost event costs one poll at most.
 
 One check reads every champion alias at once (`registry.champions()`, one MLflow call) and compares
-each with the engine's slots (`engine.adapters.versions()`, adaptive_spec/adapter_slots.py): the
+each with the engine's slots (`engine.adapters.versions()`, adaptive_spec/drafters/slots.py): the
 general adapter first, then the domains whose alias is gone (unloaded from their slot, so their
 requests draft with the general adapter again), then the others by name. At most
 `engine.adapters.max_domains` domains are followed (the first by name; a warning names the rest),
@@ -74,7 +74,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from adaptive_spec.adapters import AdapterDir, AdapterError, check_models
 from adaptive_spec.contracts import (
     ADAPTER_CACHE_DIR,
     MLFLOW_DB,
@@ -83,6 +82,7 @@ from adaptive_spec.contracts import (
     cache_dir_name,
     sqlite_tracking_uri,
 )
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError, check_models
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 from registry.events import AdapterEvents
 

@@ -46,9 +46,9 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptive_spec.batch import Row
+from adaptive_spec.decoding.batch import Row
+from adaptive_spec.decoding.request import Request
 from adaptive_spec.engine import Chunk, GenerationOutput, InputError
-from adaptive_spec.request import Request
 
 log = logging.getLogger(__name__)
 

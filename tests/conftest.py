@@ -22,7 +22,7 @@ import redis
 import torch
 
 from adaptive_spec.contracts import COMPILE_ENV
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from launch.redis import RedisNotInstalled, RedisServer, started_server
 from registry.mlflow_store import exclusive
 
@@ -77,7 +77,7 @@ def kernels(extensions_dir) -> Path:
     linear_bf16.load), and `compiled.install(model, cache_dir)` asks for `cache_dir/extensions`: a worker
     whose first compiled test came before any test of the kernels built both again under a directory of its
     own (about 30 s each on this 2-core Xeon)."""
-    from adaptive_spec import attention_cpu, linear_bf16
+    from adaptive_spec.kernels import attention_cpu, linear_bf16
 
     with _extensions_to_ourselves(extensions_dir):
         attention_cpu.load(extensions_dir)

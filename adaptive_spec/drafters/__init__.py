@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from adaptive_spec.sampling import SamplingParams
+from adaptive_spec.sample.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from adaptive_spec.adapter_slots import AdapterSlot
-    from adaptive_spec.constraints import Constraints
+    from adaptive_spec.drafters.slots import AdapterSlot
+    from adaptive_spec.outputs.constraints import Constraints
 
 
 @dataclass
@@ -158,12 +158,12 @@ class Drafter:
 
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]):
         """An adapter version's weights, ready to decode with (AdapterError if they do not fit)."""
-        from adaptive_spec.adapters import AdapterError
+        from adaptive_spec.formats.adapters import AdapterError
 
         raise AdapterError(f"adapters need a model draft (early-exit:N, head or a separate model), not {self.name}")
 
     def new_vocab(self):
         """A fresh view of the draft's LM head for an adapter version (drafters/vocab.py)."""
-        from adaptive_spec.adapters import AdapterError
+        from adaptive_spec.formats.adapters import AdapterError
 
         raise AdapterError(f"{self.name} has no vocabulary to restrict")

@@ -50,11 +50,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from adaptive_spec import compiled, exact, kv
+from adaptive_spec.cache import kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.drafters.tree import TOPK, RowTree
 from adaptive_spec.drafters.vocab import DraftVocab, draft_logits, greedy_picks
+from adaptive_spec.kernels import compiled, exact
 
 CATCH_UP_ALONE = 8  # a row with more unfed context than this catches up in a forward of its own
 COMPILED_FEED_MAX = 64  # tokens (rows x width) a compiled head forward takes; a prompt's catch-up runs eager
@@ -287,7 +288,7 @@ class HeadDrafter(Drafter):
 
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> DraftHead:
         """A head version, ready to decode with. Raises AdapterError if it does not fit this head."""
-        from adaptive_spec import adapters
+        from adaptive_spec.formats import adapters
 
         fuse = {key: t for key, t in tensors.items() if _FUSE_KEY.match(key)}
         pairs = adapters.lora_pairs(

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from adaptive_spec import kv
+from adaptive_spec.cache import kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.vocab import DraftVocab
 
@@ -49,7 +49,7 @@ class ModelDrafter(Drafter):
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> torch.nn.ModuleList:
         """An adapter's weights, ready to decode with: a copy of the base layers with its LoRA
         merged in (`adapters.merge_into_slot`). Raises AdapterError if it does not fit."""
-        from adaptive_spec import adapters
+        from adaptive_spec.formats import adapters
 
         if self.base_layers is None:
             raise adapters.AdapterError("this draft model has no decoder layers at model.layers to adapt")

@@ -13,9 +13,9 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from adaptive_spec import cpu_linear, exact
 from adaptive_spec.drafters import DraftRow
-from adaptive_spec.sampling import logits_to_probs, sample
+from adaptive_spec.kernels import cpu_linear, exact
+from adaptive_spec.sample.sampling import logits_to_probs, sample
 
 
 class DraftVocab:

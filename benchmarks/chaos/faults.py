@@ -90,7 +90,7 @@ class Faults:
     def bad_records(self) -> dict:
         import redis
 
-        from adaptive_spec.record import CorrectionRecord
+        from adaptive_spec.formats.record import CorrectionRecord
 
         client = redis.Redis.from_url(self.fleet.redis.url)
         try:
@@ -122,7 +122,7 @@ class Faults:
         must refuse it; then roll back, as an operator would."""
         from safetensors.torch import load_file, save_file
 
-        from adaptive_spec.adapters import AdapterDir
+        from adaptive_spec.formats.adapters import AdapterDir
 
         signed = self.fleet.registry()
         champion = signed.champion()

@@ -68,7 +68,7 @@ def _settle(fleet: Fleet, monitor: Monitor, tally: Tally, faults: Faults, starte
     read what is left, then count."""
     import redis
 
-    from adaptive_spec.record import CorrectionRecord
+    from adaptive_spec.formats.record import CorrectionRecord
 
     minutes = round((time.time() - started) / 60, 2)
     for replica in fleet.replicas:

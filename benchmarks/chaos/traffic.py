@@ -40,7 +40,7 @@ class Users:
         if settings.target is None:  # token prompts from a narrow range: a 1-layer draft can learn the traffic
             self.prompts: list = [rng.integers(3, 19, 8).tolist() for _ in range(16)]
         else:
-            from adaptive_spec.prompts import load_prompts
+            from adaptive_spec.outputs.prompts import load_prompts
             from benchmarks.prompts import shipped
 
             self.prompts = [item.prompt for item in load_prompts(shipped("json_extraction"))[:64]]

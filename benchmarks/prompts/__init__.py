@@ -1,10 +1,10 @@
 """The prompt sets the benchmarks ship, by name, and the generator that writes them (make.py).
 
-    items = load_prompts(shipped("chat"))          # adaptive_spec.prompts.load_prompts
+    items = load_prompts(shipped("chat"))          # adaptive_spec.outputs.prompts.load_prompts
     path = prompt_source("json_schema")            # a file path as given, else a shipped set's name
     items, name = prompt_set(args.prompts, args.domain)   # --prompts FILE, else the shipped domain
 
-Each set is a JSON Lines prompt file (adaptive_spec/prompts.py reads the format) next to this module:
+Each set is a JSON Lines prompt file (adaptive_spec/outputs/prompts.py reads the format) next to this module:
 `chat` (24 hand-written prompts, `adaptive-spec bench`'s default), the four drift domains
 `json_extraction`, `sql`, `python` and `casual_chat` (400 prompts each, templates x slot values from
 templates/), and `json_schema` (json_extraction's prompts, each with a JSON schema as its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptive_spec.prompts import PromptFileError, PromptItem, load_prompts
+from adaptive_spec.outputs.prompts import PromptFileError, PromptItem, load_prompts
 
 SETS_DIR = Path(__file__).resolve().parent
 

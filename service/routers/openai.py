@@ -26,12 +26,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from adaptive_spec.decoding.request import Request as EngineRequest
 from adaptive_spec.engine import Chunk, Engine, GenerationOutput, InputError
-from adaptive_spec.request import Request as EngineRequest
-from adaptive_spec.textstream import IncrementalText
-from adaptive_spec.tokens import encode_prompt
-from adaptive_spec.tools import ToolCallStream
-from adaptive_spec.tools.use import ToolUse
+from adaptive_spec.outputs.textstream import IncrementalText
+from adaptive_spec.outputs.tokens import encode_prompt
+from adaptive_spec.outputs.tools import ToolCallStream
+from adaptive_spec.outputs.tools.use import ToolUse
 from service.deps import ApiKey, ServiceDep
 from service.errors import APIError, bad_request
 from service.responses import CHAT, COMPLETION, Formatter, Logprobs, sse, token_text, tool_calls_finish

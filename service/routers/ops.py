@@ -57,7 +57,7 @@ async def health(request: Request) -> JSONResponse:
         "path": engine.path,  # "compiled" or "eager" decoding steps
         "exact": engine.exactness.exact if engine.exactness_known else None,  # batch-invariant on this machine
         "adapter_version": engine.adapter_version,
-        # prompts' cached prefixes (adaptive_spec/prefix_cache.py): blocks, bytes, lookups, hits, tokens reused
+        # prompts' cached prefixes (adaptive_spec/cache/prefix.py): blocks, bytes, lookups, hits, tokens reused
         "prefix_cache": engine.prefix_cache.stats() if engine.prefix_cache is not None else None,
         "requests_running": worker.running,
         "requests_waiting": worker.waiting,

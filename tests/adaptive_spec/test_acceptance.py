@@ -1,4 +1,4 @@
-"""Tests for adaptive_spec.acceptance, three ways (STYLE.md §6, after vLLM's
+"""Tests for adaptive_spec.sample.acceptance, three ways (STYLE.md §6, after vLLM's
 tests/v1/sample/test_rejection_sampler.py):
 
 1. hand-built logits and probabilities, with a comment on each row saying what must happen;
@@ -24,8 +24,8 @@ import pytest
 import torch
 from acceptance_support import ALPHA, chi_square_p_value, logits_with_argmax
 
-from adaptive_spec.acceptance import Verdict, greedy_accept, greedy_accept_choices, rejection_sample
-from adaptive_spec.sampling import sample
+from adaptive_spec.sample.acceptance import Verdict, greedy_accept, greedy_accept_choices, rejection_sample
+from adaptive_spec.sample.sampling import sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

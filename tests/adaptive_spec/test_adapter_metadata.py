@@ -1,4 +1,4 @@
-"""The adapter metadata record (adaptive_spec/adapter_metadata.py): adaptive_spec_adapter.json round-trips
+"""The adapter metadata record (adaptive_spec/formats/adapter_metadata.py): adaptive_spec_adapter.json round-trips
 exactly, unknown keys and nulls included; what `AdapterDir.seal` and `update_metadata` write parses back; a
 malformed file is refused as it was before the record existed (AdapterError, reason "corrupt").
 
@@ -17,9 +17,9 @@ import pytest
 from adapter_files import make_adapter
 from tiny import tiny_target
 
-from adaptive_spec.adapter_metadata import AdapterMetadata, MetadataError
-from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import METADATA_FILE, NGRAMS_SHA_KEY, SHA_TAG, VOCAB_SHA_KEY
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata, MetadataError
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError, sha256_file
 
 # As the online trainer writes a version (trainer/loop/rounds.py), plus two keys no trainer writes.
 WRITTEN = {

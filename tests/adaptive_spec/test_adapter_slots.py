@@ -1,4 +1,4 @@
-"""Several adapters served at once (`adaptive_spec.adapter_slots`): each request drafts with its
+"""Several adapters served at once (`adaptive_spec.drafters.slots`): each request drafts with its
 domain's adapter, rows of different domains share a batch and stay lossless, and a bound evicts
 the adapter used least recently.
 
@@ -12,7 +12,7 @@ from adapter_files import make_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapter_slots import AdapterSlot, AdapterSlots
+from adaptive_spec.drafters.slots import AdapterSlot, AdapterSlots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,8 +10,8 @@ from adapter_files import make_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import NGRAMS_FILE, VOCAB_FILE
+from adaptive_spec.formats.adapters import CHECKSUM_FILE, WEIGHTS_FILE, AdapterDir, AdapterError, sha256_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -120,7 +120,7 @@ def test_gpt2_decodes_with_ngram_and_refuses_a_head_naming_what_works() -> None:
 @pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen3_moe", "phi3"])
 def test_bf16_is_batch_invariant_on_other_families(family: str) -> None:
     """The invariant kernels (exact.py) are not Llama's alone: sliding windows, experts, fused qkv."""
-    from adaptive_spec import exact
+    from adaptive_spec.kernels import exact
 
     model = copy.deepcopy(model_of(family)).to(torch.bfloat16)
     report = exact.make_exact(model)

@@ -1,4 +1,4 @@
-"""The C++ attention kernel of the compiled step (`adaptive_spec.attention_cpu`).
+"""The C++ attention kernel of the compiled step (`adaptive_spec.kernels.attention_cpu`).
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_attention_cpu.py -q   (builds it once: ~20 s)
 
@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from adaptive_spec import attention_cpu
+from adaptive_spec.kernels import attention_cpu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -141,7 +141,7 @@ def test_both_extensions_build_once_in_one_directory(extensions_dir, kernel) -> 
     script = f"""
 import sys
 from pathlib import Path
-from adaptive_spec import attention_cpu, linear_bf16
+from adaptive_spec.kernels import attention_cpu, linear_bf16
 directory = Path({str(extensions_dir)!r})
 builds = {{
     "adaptive_spec_attention_cpu": lambda: attention_cpu.build_attention(directory),
@@ -228,7 +228,7 @@ def test_a_lock_left_by_a_build_that_died_does_not_stop_the_next_start(kernel, e
     (directory / "lock").touch()  # what a builder killed mid-build leaves
     script = f"""
 from pathlib import Path
-from adaptive_spec import attention_cpu
+from adaptive_spec.kernels import attention_cpu
 attention_cpu.build_attention(Path({str(extensions_dir)!r}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Continuous batching (`adaptive_spec.batch.Batch`): every row of a batch decodes exactly as it would
+"""Continuous batching (`adaptive_spec.decoding.batch.Batch`): every row of a batch decodes exactly as it would
 alone, whatever else shares the batch, on tiny random Llama models (`tiny.py`).
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_batch.py -q   (CPU, about a minute)
@@ -24,10 +24,11 @@ import torch
 from faults import fails_after
 from tiny import VOCAB, llama, tiny_draft, tiny_target
 
-from adaptive_spec import Engine, kv
-from adaptive_spec import batch as batch_module
-from adaptive_spec.batch import Row
-from adaptive_spec.constraints import Constraints
+from adaptive_spec import Engine
+from adaptive_spec.cache import kv
+from adaptive_spec.decoding import batch as batch_module
+from adaptive_spec.decoding.batch import Row
+from adaptive_spec.outputs.constraints import Constraints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

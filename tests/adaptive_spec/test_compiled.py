@@ -1,4 +1,4 @@
-"""The compiled decoding step (`adaptive_spec.compiled`) on a tiny random model, in the default suite;
+"""The compiled decoding step (`adaptive_spec.kernels.compiled`) on a tiny random model, in the default suite;
 the same on the default model is the `compiled` group (test_compiled_real.py, `./run tests -m compiled`).
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_compiled.py -q   (about a minute: it compiles)
@@ -22,8 +22,10 @@ import torch._dynamo
 from tiny import llama
 from transformers import LlamaForCausalLM
 
-from adaptive_spec import Engine, compiled, exact, kv
-from adaptive_spec import batch as batch_module
+from adaptive_spec import Engine
+from adaptive_spec.cache import kv
+from adaptive_spec.decoding import batch as batch_module
+from adaptive_spec.kernels import compiled, exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

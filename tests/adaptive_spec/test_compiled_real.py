@@ -7,7 +7,7 @@ the default suite leaves this group out and tests the compiled step on a tiny mo
 import pytest
 
 from adaptive_spec import Engine
-from adaptive_spec.prompts import load_prompts
+from adaptive_spec.outputs.prompts import load_prompts
 from benchmarks.prompts import shipped
 
 pytestmark = pytest.mark.compiled

@@ -1,4 +1,4 @@
-"""Penalties, logit bias, log-probabilities and n choices (`adaptive_spec.constraints`, `Trace`,
+"""Penalties, logit bias, log-probabilities and n choices (`adaptive_spec.outputs.constraints`, `Trace`,
 `Engine.requests`), each lossless under speculation, on tiny random Llama models (`tiny.py`).
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_constraints.py -q   (CPU, under a minute)
@@ -14,7 +14,7 @@ import torch
 from tiny import VOCAB, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, InputError
-from adaptive_spec.constraints import Constraints, Penalties
+from adaptive_spec.outputs.constraints import Constraints, Penalties
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

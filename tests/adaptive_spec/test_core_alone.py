@@ -52,5 +52,7 @@ def test_the_core_imports_and_generates_without_redis_fastapi_or_mlflow():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"adaptive_spec.engine", "adaptive_spec.adapters", "adaptive_spec.contracts"} <= set(outcome["modules"])
+    assert {"adaptive_spec.engine", "adaptive_spec.formats.adapters", "adaptive_spec.contracts"} <= set(
+        outcome["modules"]
+    )
     assert outcome["drafted"] > 0 and outcome["speculative"] == outcome["plain"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptive_spec import attention_cpu, cpu_linear, linear_bf16, models
+from adaptive_spec import models
+from adaptive_spec.kernels import attention_cpu, cpu_linear, linear_bf16
 from adaptive_spec.options import CoreSettings
 
 

@@ -31,7 +31,7 @@ import importlib.util, json, sys
 sys.path.insert(0, {str(HELPERS)!r})  # the tiny models and tokenizer builders, plain transformers code
 missing = [name for name in {ABOVE_THE_CORE!r} if importlib.util.find_spec(name) is None]
 from adaptive_spec import Engine
-from adaptive_spec.tools import ToolUse
+from adaptive_spec.outputs.tools import ToolUse
 from tiny import tiny_target
 from tiny_bytes import tiny_byte_tokenizer
 engine = Engine(tiny_target(0, positions=1024), "early-exit:1", tiny_byte_tokenizer(), k=3)
@@ -58,7 +58,7 @@ def test_the_wheel_holds_every_package_and_the_prompt_sets_and_its_extras_name_t
     names = zipfile.ZipFile(wheel).namelist()
     for package in (
         "adaptive_spec",
-        "adaptive_spec/tools",
+        "adaptive_spec/outputs/tools",
         "registry",
         "trainer",
         "service",

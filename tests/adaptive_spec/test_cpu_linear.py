@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaptive_spec import cpu_linear
+from adaptive_spec.kernels import cpu_linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 16, 17, 64])

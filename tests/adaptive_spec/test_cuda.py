@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaptive_spec import Engine
-from adaptive_spec.prompts import PromptItem, load_prompts
+from adaptive_spec.outputs.prompts import PromptItem, load_prompts
 from benchmarks.prompts import shipped
 
 pytestmark = [

@@ -92,7 +92,7 @@ def _names(path: Path) -> tuple[set[str], set[str]]:
     return imported, probed
 
 
-@pytest.mark.parametrize("module", ["batch.py", "engine.py"])
+@pytest.mark.parametrize("module", ["decoding/batch.py", "decoding/row.py", "engine.py"])
 def test_the_loop_and_the_engine_name_no_concrete_drafter_and_probe_no_hook(module: str) -> None:
     imported, probed = _names(CORE / module)
     concrete = {name for name in imported if name.endswith("Drafter") and name != "Drafter"}

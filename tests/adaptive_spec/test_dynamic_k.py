@@ -1,4 +1,4 @@
-"""Unit tests of the dynamic-k policy (`adaptive_spec.dynamic_k`): the expected-tokens formula, the
+"""Unit tests of the dynamic-k policy (`adaptive_spec.decoding.dynamic_k`): the expected-tokens formula, the
 worked examples of its module docstring, probing, cost interpolation, and how measured costs and
 per-row acceptance move the choice for a batch.
 
@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from adaptive_spec.dynamic_k import Acceptance, DraftingCosts, DynamicK, StepCosts, expected_tokens
+from adaptive_spec.decoding.dynamic_k import Acceptance, DraftingCosts, DynamicK, StepCosts, expected_tokens
 
 # The module docstring's machine: a target forward over 1 / 2 / 4 / 8 / 16 tokens, in seconds.
 TARGET_S = {1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107}

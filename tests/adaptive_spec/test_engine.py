@@ -24,7 +24,8 @@ import pytest
 import torch
 from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
-from adaptive_spec import Engine, InputError, kv
+from adaptive_spec import Engine, InputError
+from adaptive_spec.cache import kv
 from adaptive_spec.drafters import Drafter, Proposal
 from adaptive_spec.drafters.early_exit import DraftSpecError
 from adaptive_spec.drafters.model import ModelDrafter

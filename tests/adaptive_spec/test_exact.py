@@ -1,4 +1,4 @@
-"""Batch-invariant forwards in reduced precision (`adaptive_spec.exact`), on tiny random models.
+"""Batch-invariant forwards in reduced precision (`adaptive_spec.kernels.exact`), on tiny random models.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_exact.py -q   (CPU, about a minute)
 
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from tiny import llama
 from torch import nn
 
-from adaptive_spec import Engine, exact
+from adaptive_spec import Engine
+from adaptive_spec.kernels import exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -225,7 +226,7 @@ def test_bf16_near_ties_are_real_here() -> None:
     """The equality above means something only if bf16 rounding can flip these models' greedy
     choices: with the stock kernels (no invariance), some position's logits differ between a plain
     step and a verify."""
-    from adaptive_spec import attention
+    from adaptive_spec.kernels import attention
 
     model = bf16_target()
     attention.use(model)

@@ -16,12 +16,12 @@ from adapter_files import make_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapter_slots import AdapterSlot
-from adaptive_spec.adapters import AdapterDir
+from adaptive_spec.decoding.dynamic_k import Acceptance, StepCosts
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.ngram_index import build_ngram_index
+from adaptive_spec.drafters.slots import AdapterSlot
 from adaptive_spec.drafters.spec import DraftSpecError, parse_draft_spec
-from adaptive_spec.dynamic_k import Acceptance, StepCosts
+from adaptive_spec.formats.adapters import AdapterDir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

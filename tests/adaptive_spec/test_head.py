@@ -100,7 +100,7 @@ def test_choosing_for_every_row_at_once_gives_what_each_row_chose_alone() -> Non
     from types import SimpleNamespace
 
     from adaptive_spec.drafters.vocab import DraftVocab
-    from adaptive_spec.sampling import SamplingParams
+    from adaptive_spec.sample.sampling import SamplingParams
 
     def row(temperature: float, seed: int) -> SimpleNamespace:
         generator = torch.Generator().manual_seed(seed)
@@ -129,7 +129,7 @@ def test_a_trees_candidates_for_every_node_at_once_are_what_each_node_offered_al
     from types import SimpleNamespace
 
     from adaptive_spec.drafters.vocab import DraftVocab
-    from adaptive_spec.sampling import SamplingParams
+    from adaptive_spec.sample.sampling import SamplingParams
 
     def row(temperature: float) -> SimpleNamespace:
         return SimpleNamespace(params=SamplingParams(temperature=temperature), generator=None, constraints=None)

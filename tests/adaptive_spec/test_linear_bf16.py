@@ -1,4 +1,4 @@
-"""The C++ bf16 product of the compiled step (`adaptive_spec.linear_bf16`).
+"""The C++ bf16 product of the compiled step (`adaptive_spec.kernels.linear_bf16`).
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_linear_bf16.py -q   (builds it once: ~20 s)
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adaptive_spec import exact, linear_bf16
+from adaptive_spec.kernels import exact, linear_bf16
 from adaptive_spec.options import CoreSettings
 
 

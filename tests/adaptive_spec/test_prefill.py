@@ -1,4 +1,4 @@
-"""Chunked prefill (`adaptive_spec.prefill`): a long prompt joining a busy batch is fed one chunk per
+"""Chunked prefill (`adaptive_spec.decoding.prefill`): a long prompt joining a busy batch is fed one chunk per
 step, the other rows keep decoding meanwhile, and every row's output stays the target's own.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_prefill.py -q
@@ -13,7 +13,8 @@ import pytest
 import torch
 from tiny import llama, tiny_target
 
-from adaptive_spec import Engine, kv
+from adaptive_spec import Engine
+from adaptive_spec.cache import kv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Prefix caching (`adaptive_spec.prefix_cache`): a prompt that starts as an earlier one reuses its
+"""Prefix caching (`adaptive_spec.cache.prefix`): a prompt that starts as an earlier one reuses its
 keys and values, and every output stays the target's own, bitwise.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_prefix_cache.py -q
@@ -21,8 +21,10 @@ import pytest
 import torch
 from tiny import llama
 
-from adaptive_spec import Engine, exact, kv
-from adaptive_spec.prefix_cache import BLOCK, PrefixCache
+from adaptive_spec import Engine
+from adaptive_spec.cache import kv
+from adaptive_spec.cache.prefix import BLOCK, PrefixCache
+from adaptive_spec.kernels import exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

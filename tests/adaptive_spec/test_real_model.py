@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaptive_spec import Engine, InputError
-from adaptive_spec.prompts import load_prompts
+from adaptive_spec.outputs.prompts import load_prompts
 from benchmarks.prompts import shipped
 
 pytestmark = pytest.mark.real_model
@@ -120,7 +120,7 @@ def test_batched_rows_equal_the_target_alone(engine, prompts, baselines, draft, 
 
 
 # =================================================================================================
-# bf16: exact through batch-invariant kernels (adaptive_spec/exact.py)
+# bf16: exact through batch-invariant kernels (adaptive_spec/kernels/exact.py)
 # =================================================================================================
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive_spec import record as record_module
-from adaptive_spec.record import FLAG_WIDE_IDS, FORMAT_VERSION, MAGIC, CorrectionRecord, bytes_per_output_token
+from adaptive_spec.formats import record as record_module
+from adaptive_spec.formats.record import FLAG_WIDE_IDS, FORMAT_VERSION, MAGIC, CorrectionRecord, bytes_per_output_token
 
 
 @pytest.mark.parametrize("seed", range(6))

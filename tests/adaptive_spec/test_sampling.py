@@ -1,4 +1,4 @@
-"""Tests for adaptive_spec.sampling: how logits become the distribution a request samples from.
+"""Tests for adaptive_spec.sample.sampling: how logits become the distribution a request samples from.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_sampling.py -q   (CPU, about a second)
 """
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from adaptive_spec.sampling import SamplingParams, logits_to_probs, sample
+from adaptive_spec.sample.sampling import SamplingParams, logits_to_probs, sample
 
 
 def logits_of(probs: list[float]) -> torch.Tensor:

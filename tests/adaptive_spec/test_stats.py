@@ -1,4 +1,4 @@
-"""The figures every report derives from step sums (adaptive_spec/stats.py), on its docstring's examples.
+"""The figures every report derives from step sums (adaptive_spec/formats/stats.py), on its docstring's examples.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_stats.py -q
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_spec.stats import RequestStats, StepStats, Totals
+from adaptive_spec.formats.stats import RequestStats, StepStats, Totals
 
 
 def step(drafted: int, accepted: int, reach: int | None = None) -> StepStats:

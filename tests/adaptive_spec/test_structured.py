@@ -1,4 +1,4 @@
-"""Structured outputs (`adaptive_spec.grammar`, llguidance) on the default model and its tokenizer.
+"""Structured outputs (`adaptive_spec.outputs.grammar`, llguidance) on the default model and its tokenizer.
 
 Run alone with: ./run tests -m real_model -k structured   (fp32 CPU, a few minutes)
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from adaptive_spec import Engine, InputError
-from adaptive_spec.grammar import GrammarError, Grammars
+from adaptive_spec.outputs.grammar import GrammarError, Grammars
 
 pytestmark = pytest.mark.real_model
 

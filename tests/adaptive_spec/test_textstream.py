@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, WhisperTokenizer
 
-from adaptive_spec.textstream import IncrementalText, decodes_by_concatenation
+from adaptive_spec.outputs.textstream import IncrementalText, decodes_by_concatenation
 from benchmarks.tiny_model import tiny_tokenizer
 
 CORPUS = ["héllo wörld ☃ 日本語のテキスト 🙂🚀 naïve café\n"] * 40

@@ -1,4 +1,4 @@
-"""Tool calling in the core (adaptive_spec/tools): reading Hermes-style calls whole and streamed,
+"""Tool calling in the core (adaptive_spec/outputs/tools): reading Hermes-style calls whole and streamed,
 the tools into the prompt (through a template that takes them, or written in), and forced calls
 whose arguments always match their schema, lossless under speculation, on tiny models.
 
@@ -17,9 +17,9 @@ from tiny_bytes import tiny_byte_tokenizer
 from tiny_tools import SCHEMAS, TOOLS, TOOLS_TEMPLATE
 
 from adaptive_spec import Engine
-from adaptive_spec.grammar import WHITESPACE, Grammars
-from adaptive_spec.tokens import encode_prompt
-from adaptive_spec.tools import (
+from adaptive_spec.outputs.grammar import WHITESPACE, Grammars
+from adaptive_spec.outputs.tokens import encode_prompt
+from adaptive_spec.outputs.tools import (
     TOOL_PARSERS,
     Function,
     ToolCallParser,
@@ -29,7 +29,7 @@ from adaptive_spec.tools import (
     tool_parser,
     tool_prompt,
 )
-from adaptive_spec.tools.hermes import HermesParser
+from adaptive_spec.outputs.tools.hermes import HermesParser
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -328,7 +328,7 @@ def test_the_bytes_a_grammar_forces_are_proposed_with_no_draft_and_kept(engine, 
 
 
 def test_a_sampled_chain_takes_its_forced_tail_as_one_hot_draft_distributions():
-    from adaptive_spec.batch import _extended
+    from adaptive_spec.decoding.batch import _extended
     from adaptive_spec.drafters import Proposal
 
     probs = torch.softmax(torch.randn(2, 11), dim=-1)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from acceptance_support import ALPHA, chi_square_p_value, logits_with_argmax
 
-from adaptive_spec.acceptance import children_of, greedy_accept, tree_greedy_accept, tree_rejection_sample
+from adaptive_spec.sample.acceptance import children_of, greedy_accept, tree_greedy_accept, tree_rejection_sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from tiny import llama
 
-from adaptive_spec import compiled, exact, kv
+from adaptive_spec.cache import kv
+from adaptive_spec.kernels import compiled, exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -25,7 +25,7 @@ from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
 from adaptive_spec.drafters.tree import RowTree
-from adaptive_spec.stats import Totals
+from adaptive_spec.formats.stats import Totals
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

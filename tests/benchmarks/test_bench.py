@@ -6,7 +6,7 @@ import pytest
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.bench import format_report, run_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,7 +89,7 @@ def test_tool_lines_run_their_forced_calls_on_both_paths():
     from tiny_bytes import tiny_byte_tokenizer
     from tiny_tools import TOOLS, TOOLS_TEMPLATE
 
-    from adaptive_spec.prompts import encode_item
+    from adaptive_spec.outputs.prompts import encode_item
 
     tokenizer = tiny_byte_tokenizer(chat_template=TOOLS_TEMPLATE)
     engine = Engine(tiny_target(0, positions=1024), "early-exit:1", tokenizer, eos_token_id=tokenizer.eos_token_id)

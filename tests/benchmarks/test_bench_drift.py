@@ -10,7 +10,7 @@ from tiny import llama
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import sqlite_tracking_uri
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.bench import run_bench
 from benchmarks.drift import DriftBenchSettings, format_report, run_drift, split_prompts
 

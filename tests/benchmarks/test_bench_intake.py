@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cli
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from benchmarks.settings import IntakeBenchSettings
 from benchmarks.synthetic import synthetic_record
 

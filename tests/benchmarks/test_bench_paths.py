@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from adaptive_spec.prompts import PromptItem
+from adaptive_spec.outputs.prompts import PromptItem
 from benchmarks.paths import SHAPES, format_report, load_paths, parse_paths, run_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,7 +65,7 @@ def test_a_bad_path_list_is_refused():
 def test_the_avx512_path_switches_the_products_off_amx_and_back(extensions_dir):
     """`bf16-compiled-avx512` runs with the kernel's AVX512-BF16 products where the CPU has AMX tiles, which
     `bf16-compiled` takes: the kernel's choice belongs to the process, so each path sets it before it runs."""
-    from adaptive_spec import linear_bf16
+    from adaptive_spec.kernels import linear_bf16
     from benchmarks.paths import products_of
 
     if linear_bf16.load(extensions_dir) is None or not linear_bf16.uses_amx():  # load takes the tiles where it can

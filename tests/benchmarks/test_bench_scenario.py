@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from adaptive_spec.prompts import PromptFileError
+from adaptive_spec.outputs.prompts import PromptFileError
 from benchmarks.scenario import MIX, Phase, ScenarioSettings, parse_scenario, run_scenario
 from benchmarks.scenario_report import format_report, plot
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from adaptive_spec.grammar import Grammars
-from adaptive_spec.prompts import PromptFileError, load_prompts
+from adaptive_spec.outputs.grammar import Grammars
+from adaptive_spec.outputs.prompts import PromptFileError, load_prompts
 from benchmarks.prompts import SETS_DIR as DATA_DIR
 from benchmarks.prompts import make, prompt_source, shipped
 
@@ -94,7 +94,7 @@ def test_tool_calls_set_is_agent_traffic() -> None:
     grammars compile."""
     from tiny_bytes import tiny_byte_tokenizer
 
-    from adaptive_spec.tools import ToolUse
+    from adaptive_spec.outputs.tools import ToolUse
 
     items = load_prompts(prompt_source("tool_calls"))
     assert len(items) >= 300 and {item.domain for item in items} == {"tool_calls"}

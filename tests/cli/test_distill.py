@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from traffic import greedy_records
 
 from adaptive_spec import Engine
-from adaptive_spec.prompts import PromptItem, load_prompts
+from adaptive_spec.outputs.prompts import PromptItem, load_prompts
 from registry.client import AdapterRegistry
 from service.app import create_app
 from service.settings import Settings

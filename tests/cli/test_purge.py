@@ -15,7 +15,6 @@ from registry_support import write_adapter
 from support import child_env
 from tiny import tiny_target
 
-from adaptive_spec.adapters import trainer_versions
 from adaptive_spec.contracts import (
     ADAPTER_CACHE_DIR,
     ADAPTERS_DIR,
@@ -30,6 +29,7 @@ from adaptive_spec.contracts import (
     sqlite_tracking_uri,
     stats_bucket_key,
 )
+from adaptive_spec.formats.adapters import trainer_versions
 from registry.client import AdapterRegistry
 from trainer.promotion.pending import PendingRegistrations
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import AdapterDir, sha256_file
 from adaptive_spec.contracts import CHECKSUM_FILE, WEIGHTS_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.formats.adapters import AdapterDir, sha256_file
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -12,8 +12,8 @@ import httpx
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.formats.adapters import AdapterDir
 
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

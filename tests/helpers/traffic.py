@@ -13,7 +13,7 @@ import numpy as np
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord, record_from_output
+from adaptive_spec.formats.record import CorrectionRecord, record_from_output
 
 
 def greedy_records(

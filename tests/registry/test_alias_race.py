@@ -33,8 +33,8 @@ from registry_support import write_adapter
 from support import child_env
 from tiny import tiny_target
 
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import NOT_PROMOTED_TAG
+from adaptive_spec.formats.adapters import AdapterDir
 from cli.adapters import describe_move
 from registry.client import AdapterRegistry
 from trainer.promotion.pending import PendingRegistrations

@@ -37,8 +37,8 @@ from registry_support import write_adapter
 from tiny import llama, tiny_target
 
 import cli
-from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from adaptive_spec.formats.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 from trainer.promotion.pending import PendingRegistrations
 
@@ -340,7 +340,7 @@ def test_promotions_wait_for_mlflow_and_land_when_it_returns(
     lands, in order, the trainer's on champion-narrow.
     Then SIGTERM: the trainer checkpoints and exits 0. (Last in the file: it stops the module's server.)"""
     from adaptive_spec import Engine
-    from adaptive_spec.record import record_from_output
+    from adaptive_spec.formats.record import record_from_output
     from service.correction_log import CorrectionLogWriter
 
     target = llama(0, vocab=64)

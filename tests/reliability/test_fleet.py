@@ -64,7 +64,7 @@ from support import (
 from traffic import feed, greedy_records
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_LEADER_KEY
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from registry.client import AdapterRegistry
 from registry.events import AdapterEvents
 

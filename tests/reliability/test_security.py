@@ -27,7 +27,7 @@ from registry_support import write_adapter
 from support import MODEL, ServeProcess, eventually, kill_redis, listening_address, tiny_target
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from service import deps
 
 pytestmark = pytest.mark.redis

@@ -24,8 +24,8 @@ from registry_support import write_adapter
 from safetensors.torch import load_file, save_file
 from support import ServeProcess, eventually, tiny_target
 
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import SIGNATURE_FILE, WEIGHTS_FILE
+from adaptive_spec.formats.adapters import AdapterDir
 from registry.client import AdapterRegistry
 
 pytestmark = pytest.mark.redis

@@ -21,7 +21,7 @@ from support import TrainProcess, eventually
 from traffic import feed
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.loop.checkpoint import LATEST, read_records
 
 pytestmark = pytest.mark.redis

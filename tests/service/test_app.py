@@ -38,7 +38,7 @@ from tiny_chat import tiny_tokenizer
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from service.app import create_app
 from service.settings import Settings
 

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from adaptive_spec.contracts import PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 
 pytestmark = pytest.mark.redis

@@ -20,7 +20,7 @@ from dashboard_support import make_adapter, send_traffic, settle, swap
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.stats import RequestStats, StepStats
+from adaptive_spec.formats.stats import RequestStats, StepStats
 from service.stats_store import StatsRecorder
 from trainer.loop.rounds import RoundResult
 from trainer.loop.status import TrainerStatus

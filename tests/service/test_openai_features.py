@@ -33,7 +33,7 @@ from tiny_bytes import tiny_byte_tokenizer
 
 from adaptive_spec import Engine
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.redis]
 

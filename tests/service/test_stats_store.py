@@ -12,10 +12,10 @@ import time
 import pytest
 import redis
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
 from adaptive_spec.contracts import STATS_ADAPTERS_KEY, STATS_EVENTS_KEY
 from adaptive_spec.contracts import stats_bucket_key as bucket_key
-from adaptive_spec.stats import RequestStats, StepStats
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
+from adaptive_spec.formats.stats import RequestStats, StepStats
 from service.drift import DriftSettings
 from service.stats_queries import FINE_RETENTION_CAP_S, field_name
 from service.stats_store import MAX_PENDING_KEYS, StatsRecorder

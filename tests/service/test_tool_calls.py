@@ -21,8 +21,8 @@ from tiny_bytes import tiny_byte_tokenizer
 from tiny_tools import SCHEMAS, TOOLS, TOOLS_TEMPLATE
 
 from adaptive_spec import Engine
-from adaptive_spec.tokens import encode_prompt
-from adaptive_spec.tools import Function, tool_parser, tool_prompt
+from adaptive_spec.outputs.tokens import encode_prompt
+from adaptive_spec.outputs.tools import Function, tool_parser, tool_prompt
 from service.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")

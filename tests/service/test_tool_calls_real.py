@@ -1,6 +1,6 @@
 """Tool calling over HTTP on the built-in default model (SmolLM2-135M-Instruct, fp32), with the
 official `openai` client. Its ChatML template ignores `tools`, so the tools are written into the
-system prompt in Hermes' format (adaptive_spec/tools/prompt.py).
+system prompt in Hermes' format (adaptive_spec/outputs/tools/prompt.py).
 
 Run alone with: .venv/bin/python -m pytest tests/service/test_tool_calls_real.py -q -m real_model
 (CPU, about a minute once the model is cached as safetensors)

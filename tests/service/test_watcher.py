@@ -38,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir
 from adaptive_spec.contracts import ADAPTER_EVENTS, MODEL_NAME
+from adaptive_spec.formats.adapters import WEIGHTS_FILE, AdapterDir
 from registry.client import AdapterRegistry
 from service.settings import Settings
 from service.watcher import AdapterWatcher, start_watcher

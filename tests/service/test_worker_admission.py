@@ -71,7 +71,7 @@ def test_a_job_whose_rows_fail_to_join_fails_alone_and_the_worker_steps_on(engin
     """A job of n = 2 choices whose second row cannot join (its constraints fail to build) gets the error,
     leaves no row behind, and the next step serves the job admitted beside it: a row left in the batch
     with no job of the worker's would fail the step's hand-off and end the engine thread."""
-    from adaptive_spec import batch as batch_module
+    from adaptive_spec.decoding import batch as batch_module
 
     second_fails, built = fails_after(1, batch_module.Constraints, "constraints could not be built")
 

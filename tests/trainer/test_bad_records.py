@@ -32,7 +32,7 @@ from traffic import bad_records, greedy_records
 
 from adaptive_spec.contracts import PAYLOAD_FIELD, TRAINER_STATUS_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import Gate
 from trainer.intake.stream import CorrectionStream
 from trainer.learning.distill import LoraSettings

@@ -28,10 +28,10 @@ import torch
 from tiny import llama
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.adapters import AdapterDir
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement, draft_logits
 from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
 from trainer.intake.examples import collate, examples_from_record

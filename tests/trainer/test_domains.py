@@ -25,8 +25,8 @@ import torch
 from tiny import llama
 from traffic import greedy_records
 
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.formats.adapters import AdapterDir
 from trainer.evaluation.decision import StatisticalGate, Thresholds
 from trainer.evaluation.gate import adapters_disabled, draft_agreement
 from trainer.intake.stream import CorrectionStream

@@ -26,7 +26,7 @@ import torch
 from tiny import llama
 
 from adaptive_spec.drafters.early_exit import build_early_exit
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 from trainer.learning.distill import DraftTrainer, LoraSettings
 

@@ -32,11 +32,12 @@ from adapter_files import make_adapter
 from tiny import llama
 from traffic import greedy_records
 
-from adaptive_spec import Engine, kv
-from adaptive_spec.adapters import AdapterDir, AdapterError
+from adaptive_spec import Engine
+from adaptive_spec.cache import kv
 from adaptive_spec.contracts import METADATA_FILE
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError
+from adaptive_spec.formats.record import CorrectionRecord, record_from_output
 from adaptive_spec.models import native_bf16
-from adaptive_spec.record import CorrectionRecord, record_from_output
 from trainer.evaluation.gate import Gate, GateFigures, adapters_disabled, draft_agreement
 from trainer.intake.buffer import HoldoutSplit
 from trainer.intake.examples import examples_from_record

@@ -1,5 +1,5 @@
 """What the trainer's writers put in adaptive_spec_adapter.json parses into the metadata record
-(adaptive_spec/adapter_metadata.py) with no key left over: DraftTrainer.save and HeadTrainer.save, then a
+(adaptive_spec/formats/adapter_metadata.py) with no key left over: DraftTrainer.save and HeadTrainer.save, then a
 promoted version (trainer/promotion/versions.py, with the fields trainer/loop/rounds.py adds) and an
 adopted one. Each file round-trips to the same text, so every key they write is a field of the record.
 
@@ -13,10 +13,10 @@ import time
 import pytest
 from tiny import llama
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.drafters.early_exit import build_early_exit
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
+from adaptive_spec.formats.adapters import AdapterDir
 from trainer.evaluation.gate import GateFigures
 from trainer.learning.distill import DraftTrainer, LoraSettings
 from trainer.learning.head_distill import HeadSettings, HeadTrainer

@@ -39,11 +39,11 @@ from tiny import llama
 from traffic import greedy_records
 
 from adaptive_spec import Engine
-from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import METADATA_FILE, NGRAMS_FILE, TRAINER_STATUS_KEY
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.ngram_index import MAX_ENTRIES
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError, sha256_file
+from adaptive_spec.formats.record import CorrectionRecord
 from service.correction_log import CorrectionLogWriter
 from trainer.evaluation.decision import StatisticalGate
 from trainer.evaluation.gate import Gate, GateFigures, draft_agreement

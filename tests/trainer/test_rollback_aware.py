@@ -32,10 +32,10 @@ from safetensors.torch import load_file
 from tiny import llama
 from traffic import greedy_records
 
-from adaptive_spec.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
 from adaptive_spec.contracts import NOT_PROMOTED_TAG, OUTSIDE
 from adaptive_spec.drafters.early_exit import build_early_exit
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.adapters import WEIGHTS_FILE, AdapterDir, sha256_file
+from adaptive_spec.formats.record import CorrectionRecord
 from launch.processes import free_port
 from registry.client import AdapterRegistry
 from trainer.evaluation.gate import Gate, GateFigures, draft_agreement

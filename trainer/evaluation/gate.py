@@ -35,7 +35,7 @@ import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.decision import RecordScores
 from trainer.intake.examples import Batch, TrainingExample, collate, examples_from_record, micro_batches
 

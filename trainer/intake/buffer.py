@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.intake.examples import TrainingExample
 
 

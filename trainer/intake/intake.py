@@ -40,7 +40,7 @@ from typing import Protocol
 
 import redis
 
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
 from trainer.intake.examples import examples_from_record
 from trainer.intake.screening import RecordScreen

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, TRAINER_GROUP
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 
 log = logging.getLogger(__name__)
 

@@ -57,9 +57,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 
-from adaptive_spec.adapter_metadata import AdapterMetadata
-from adaptive_spec.adapters import AdapterDir
 from adaptive_spec.drafters.early_exit import decoder_layers
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata
+from adaptive_spec.formats.adapters import AdapterDir
 from adaptive_spec.models import native_bf16
 from trainer.evaluation.gate import causal_lm, draft_logits
 from trainer.intake.examples import TrainingExample, collate, micro_batches

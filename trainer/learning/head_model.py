@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from adaptive_spec.cache.kv import capture_states
 from adaptive_spec.drafters.head import DraftHead
-from adaptive_spec.kv import capture_states
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import GateFigures, Tally
 from trainer.intake.examples import TrainingExample, collate, examples_from_record, micro_batches
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 
 CHECKPOINT_FORMAT = 1
 LATEST = "LATEST"  # names the complete checkpoint directory

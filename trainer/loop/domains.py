@@ -9,7 +9,7 @@ trainer (trainer/loop/online.py) keeps, for each of the first `max_domains` doma
 its own held-out split (with the warm-up of trainer/intake/buffer.py, so a new domain's first gate comes
 after about a dozen of its records), its own replay buffer, and its own champion, registered under
 the aliases `champion-<domain>` / `previous-<domain>` (adaptive_spec/contracts.py) that servers
-follow into a slot of their own (adaptive_spec/adapter_slots.py).
+follow into a slot of their own (adaptive_spec/drafters/slots.py).
 
 - A domain's record is held out or trained on by its domain's split; a held-out one is held out of
   the general set too, so no adapter ever trains on a record its gate scores.
@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 
 from adaptive_spec.contracts import is_alias_domain
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.intake.buffer import HoldoutSplit, ReplayBuffer
 from trainer.promotion.champion import Champion, RegistryChampion
 

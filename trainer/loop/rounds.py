@@ -31,7 +31,7 @@ import numpy as np
 
 from adaptive_spec.contracts import version_dir_name
 from adaptive_spec.drafters.ngram_index import build_ngram_index
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import GateFigures
 from trainer.intake.buffer import ReplayBuffer
 from trainer.intake.intake import StreamIntake, target_tokens

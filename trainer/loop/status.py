@@ -4,7 +4,7 @@
     status.report(result, champion="v0004")   # "waiting", "promoted" or "not promoted", with the gate's reason
 
 The status goes to the Redis key `adaptive_spec:trainer_status` as a `TrainerStatusRecord`
-(adaptive_spec/status.py: the one schema, which the dashboard reads back), expiring after a day so a
+(adaptive_spec/formats/status.py: the one schema, which the dashboard reads back), expiring after a day so a
 stopped trainer's last word does not stay forever, and to the trainer's log when it changes.
 Writing it never raises: a status is worth less than a round.
 """
@@ -18,7 +18,7 @@ import time
 import redis
 
 from adaptive_spec.contracts import TRAINER_STATUS_KEY
-from adaptive_spec.status import TrainerStatusRecord
+from adaptive_spec.formats.status import TrainerStatusRecord
 from trainer.loop.rounds import RoundResult
 
 log = logging.getLogger("trainer.loop.online")

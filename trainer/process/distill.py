@@ -44,9 +44,9 @@ import torch
 from tqdm import tqdm
 
 from adaptive_spec.contracts import CORRECTION_STREAM, PAYLOAD_FIELD, PENDING_FILE
-from adaptive_spec.prompts import PromptItem, encode_item
-from adaptive_spec.record import CorrectionRecord, record_from_output
-from adaptive_spec.stats import Totals
+from adaptive_spec.formats.record import CorrectionRecord, record_from_output
+from adaptive_spec.formats.stats import Totals
+from adaptive_spec.outputs.prompts import PromptItem, encode_item
 from trainer.intake.stream import CorrectionStream
 from trainer.loop.checkpoint import read_records, write_records
 from trainer.process.build import build_trainer, lendable, load_draft

@@ -32,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.contracts import SHA_TAG, WEIGHTS_FILE, version_dir_name
-from adaptive_spec.record import CorrectionRecord
+from adaptive_spec.formats.adapters import AdapterDir, AdapterError, sha256_file
+from adaptive_spec.formats.record import CorrectionRecord
 from registry.client import AdapterRegistry, ServedChampion
 from trainer.evaluation.gate import GateFigures, adapters_disabled, draft_agreement
 from trainer.learning.distill import DraftTrainer

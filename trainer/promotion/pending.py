@@ -45,8 +45,8 @@ import threading
 import time
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir, trainer_versions
 from adaptive_spec.contracts import NOT_PROMOTED_TAG
+from adaptive_spec.formats.adapters import AdapterDir, trainer_versions
 from registry.client import AdapterRegistry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)

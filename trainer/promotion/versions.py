@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaptive_spec.adapters import AdapterDir, trainer_versions
 from adaptive_spec.contracts import version_dir_name
+from adaptive_spec.formats.adapters import AdapterDir, trainer_versions
 from trainer.evaluation.gate import GateFigures
 
 

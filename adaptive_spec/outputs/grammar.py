@@ -76,7 +76,7 @@ class Grammars:
 
     def compile(self, response_format) -> Grammar | None:
         """An OpenAI `response_format`, or a Lark grammar (`{"type": "grammar", "syntax": "lark",
-        "definition": ...}`, what forced tool calls use: adaptive_spec/tools) -> a Grammar, or None when
+        "definition": ...}`, what forced tool calls use: adaptive_spec/outputs/tools) -> a Grammar, or None when
         the output is free text."""
         lark = lark_of(response_format)
         schema = None if lark is not None else schema_of(response_format)

@@ -57,7 +57,7 @@ either way, and 16 weight rows read side by side stream less well than 4); every
 and every batch of 8 rows costs the same or less, up to half. Releasing the tiles after each call (then
 configuring them again) cost about 2 ms a step and is not done.
 
-    from adaptive_spec import linear_bf16
+    from adaptive_spec.kernels import linear_bf16
     kernel = linear_bf16.load(build_dir)   # None without AVX512-BF16 or a C++ compiler (then F.linear)
     y = kernel(x, weight, bias)           # x [m, k] bf16, weight [n, k] bf16, bias [n] or None
     linear_bf16.uses_amx()                # whether this process's products run on AMX tiles
@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from adaptive_spec import attention_cpu
+from adaptive_spec.kernels import attention_cpu
 from adaptive_spec.options import CoreSettings
 
 log = logging.getLogger(__name__)

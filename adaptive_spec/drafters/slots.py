@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from adaptive_spec import adapters
+from adaptive_spec.formats import adapters
 
 
 @dataclass(eq=False)

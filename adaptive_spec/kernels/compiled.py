@@ -7,7 +7,7 @@ of each layer fuses into a few C++ kernels; the matrix products stay the library
 on a CPU with AVX512-BF16, which go to the row-invariant kernel of linear_bf16.py (twice as fast
 for the few rows of a step).
 
-    from adaptive_spec import compiled
+    from adaptive_spec.kernels import compiled
     compiled.install(model, cache_dir=data_dir / "compile")   # kv.feed runs its steps compiled from now on
 
 What runs compiled: a step over every row of a batch (`kv.feed` with rows 0..n-1, as every verify
@@ -49,7 +49,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from adaptive_spec import attention_cpu, exact, kv, linear_bf16
+from adaptive_spec.cache import kv
+from adaptive_spec.kernels import attention_cpu, exact, linear_bf16
 
 log = logging.getLogger(__name__)
 

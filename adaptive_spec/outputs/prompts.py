@@ -39,9 +39,9 @@ class PromptItem:
 
 def encode_item(item: PromptItem, engine) -> tuple[list[int], dict | None]:
     """A line's token ids and the response_format its request runs under (a forced tool call's grammar
-    when it forces one), as the server builds them (adaptive_spec/tools/use.py)."""
-    from adaptive_spec.tokens import encode_prompt
-    from adaptive_spec.tools.use import ToolUse
+    when it forces one), as the server builds them (adaptive_spec/outputs/tools/use.py)."""
+    from adaptive_spec.outputs.tokens import encode_prompt
+    from adaptive_spec.outputs.tools.use import ToolUse
 
     prompt = item.prompt
     if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], dict):  # text or token ids: no tools

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from adaptive_spec.tools.parser import Function, ToolCallParser, arguments_object
+from adaptive_spec.outputs.tools.parser import Function, ToolCallParser, arguments_object
 
 _PROBE = "adaptive_spec_probe_tool"
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from adaptive_spec.tools.parser import (
+from adaptive_spec.outputs.tools.parser import (
     Delta,
     Function,
     ToolCall,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive_spec.grammar import Matcher
+from adaptive_spec.outputs.grammar import Matcher
 
 # A smaller one divides logits to infinity (5e-324 is a float > 0): NaN probabilities.
 MIN_REPETITION_PENALTY = 0.01

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive_spec.sampling import sample
+from adaptive_spec.sample.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from adaptive_spec import kv
+from adaptive_spec.cache import kv
 
 
 @dataclass(eq=False)

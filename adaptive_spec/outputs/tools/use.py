@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adaptive_spec.grammar import WHITESPACE
-from adaptive_spec.tools.parser import Function, ToolCallParser, ToolCallStream, ToolError, tool_parser
-from adaptive_spec.tools.prompt import tool_prompt
+from adaptive_spec.outputs.grammar import WHITESPACE
+from adaptive_spec.outputs.tools.parser import Function, ToolCallParser, ToolCallStream, ToolError, tool_parser
+from adaptive_spec.outputs.tools.prompt import tool_prompt
 
 DEFAULT_PARSER = "hermes"
 _NO_ARGUMENTS = {"type": "object", "properties": {}}

@@ -35,8 +35,14 @@ from typing import Any
 
 import torch
 
-from adaptive_spec import kv
-from adaptive_spec.acceptance import (
+from adaptive_spec.cache import kv
+from adaptive_spec.decoding.prefill import ChunkedPrefill
+from adaptive_spec.decoding.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
+from adaptive_spec.drafters import Proposal, no_proposal
+from adaptive_spec.drafters.slots import AdapterSlot
+from adaptive_spec.formats.stats import RequestStats, StepStats
+from adaptive_spec.outputs.constraints import Constraints
+from adaptive_spec.sample.acceptance import (
     Verdict,
     greedy_accept,
     greedy_accept_choices,
@@ -45,13 +51,7 @@ from adaptive_spec.acceptance import (
     tree_greedy_accept,
     tree_rejection_sample,
 )
-from adaptive_spec.adapter_slots import AdapterSlot
-from adaptive_spec.constraints import Constraints
-from adaptive_spec.drafters import Proposal, no_proposal
-from adaptive_spec.prefill import ChunkedPrefill
-from adaptive_spec.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
-from adaptive_spec.sampling import logits_to_probs
-from adaptive_spec.stats import RequestStats, StepStats
+from adaptive_spec.sample.sampling import logits_to_probs
 
 # Prompts prefilled together (Batch.add_many) when this many tokens or fewer are left after their cached prefix:
 # the tails an exact repeat leaves (prefix_cache.BLOCK - 1 at most, or 16 where the last block is whole).

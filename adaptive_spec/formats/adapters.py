@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from adaptive_spec.adapter_metadata import AdapterMetadata, MetadataError
 from adaptive_spec.contracts import (
     CHECKSUM_FILE,
     CONFIG_FILE,
@@ -64,6 +63,7 @@ from adaptive_spec.contracts import (
     VOCAB_SHA_KEY,
     WEIGHTS_FILE,
 )
+from adaptive_spec.formats.adapter_metadata import AdapterMetadata, MetadataError
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 _VERSION_DIR = re.compile(r"v(\d+)")

@@ -10,7 +10,10 @@ from collections.abc import Callable
 
 import torch
 
-from adaptive_spec.request import InputError
+
+class InputError(ValueError):
+    """A request the engine refuses, with a message meant for the caller."""
+
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -19,7 +22,7 @@ def encode_prompt(
     prompt, tokenizer, vocab_size: int, max_context: int | None, tools: list[dict] | None = None
 ) -> list[int]:
     """Token ids for a prompt given as ids, a string, or chat messages; InputError names what is wrong.
-    `tools` (OpenAI's shape) go to the chat template with chat messages (adaptive_spec/tools/prompt.py)."""
+    `tools` (OpenAI's shape) go to the chat template with chat messages (adaptive_spec/outputs/tools/prompt.py)."""
     if isinstance(prompt, str):
         ids = _need_tokenizer(tokenizer, "a text prompt").encode(prompt)
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):

@@ -1,7 +1,7 @@
 """Tool calling for chat models, as OpenAI's chat API defines it (`tools`, `tool_choice`,
 `tool_calls`), with no web code: the HTTP service (service/tool_calls.py) and any notebook use it.
 
-    from adaptive_spec.tools import Function, tool_parser, tool_prompt
+    from adaptive_spec.outputs.tools import Function, tool_parser, tool_prompt
     parser = tool_parser("hermes")
     functions = [Function("get_weather", "The weather in a city", {"type": "object", ...})]
     messages, tools = tool_prompt(messages, functions, engine.tokenizer, parser)   # prompt.py
@@ -19,8 +19,8 @@ A forced call is a grammar like any structured output (grammar.py), so it stays 
 speculation: the mask applies to the target's and the draft's tokens alike.
 """
 
-from adaptive_spec.tools import hermes
-from adaptive_spec.tools.parser import (
+from adaptive_spec.outputs.tools import hermes
+from adaptive_spec.outputs.tools.parser import (
     TOOL_PARSERS,
     Delta,
     Function,
@@ -31,8 +31,8 @@ from adaptive_spec.tools.parser import (
     register_tool_parser,
     tool_parser,
 )
-from adaptive_spec.tools.prompt import template_takes_tools, tool_prompt
-from adaptive_spec.tools.use import ToolUse
+from adaptive_spec.outputs.tools.prompt import template_takes_tools, tool_prompt
+from adaptive_spec.outputs.tools.use import ToolUse
 
 __all__ = [
     "TOOL_PARSERS",

@@ -11,16 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaptive_spec.acceptance import Verdict
-from adaptive_spec.constraints import Penalties
 from adaptive_spec.drafters import Proposal
-from adaptive_spec.grammar import Grammar
-from adaptive_spec.sampling import SamplingParams
-from adaptive_spec.stats import RequestStats
-
-
-class InputError(ValueError):
-    """A request the engine refuses, with a message meant for the caller."""
+from adaptive_spec.formats.stats import RequestStats
+from adaptive_spec.outputs.constraints import Penalties
+from adaptive_spec.outputs.grammar import Grammar
+from adaptive_spec.sample.acceptance import Verdict
+from adaptive_spec.sample.sampling import SamplingParams
 
 
 @dataclass

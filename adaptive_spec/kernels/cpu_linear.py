@@ -15,7 +15,7 @@ and 1.7 without, 4 draft tokens 1.6 with it and 1.4-1.9 without. It changes no w
 float additions inside each dot product, as a different batch size already does: greedy
 output stays the target's own (the real-model equality tests run with it).
 
-    from adaptive_spec import cpu_linear
+    from adaptive_spec.kernels import cpu_linear
     cpu_linear.install(model)   # every fp32 nn.Linear of `model` on the CPU; returns how many
 
 Which order is faster depends on the CPU and its BLAS, so the first model large enough to be

@@ -38,7 +38,7 @@ claims exactness (`Engine.exactness`).
 Cost, default model, bf16, 2 cores, 128 cached tokens: a plain step 22.5 -> 27.5 ms eager (most of
 it the blocked attention's extra operators, which compiling fuses).
 
-    from adaptive_spec import exact
+    from adaptive_spec.kernels import exact
     exact.install(model)                      # attention and linears of a reduced-precision model
     report = exact.check(model)               # InvarianceReport(exact=True, compared=49, differing=0, ...)
 """
@@ -57,7 +57,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from adaptive_spec import kv
+from adaptive_spec.cache import kv
 
 # A transformers causal LM: its parts are reached by name (config, model.layers, set_attn_implementation),
 # which nn.Module's types cannot say.
@@ -240,7 +240,7 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
     rows of other lengths with staggered widths (padding). Random token ids, fixed seed; about
     40 forwards (1.2 s on the default model in bf16 on 2 cores). Apart from those, `prefix_reuse`: a
     prompt prefilled in two parts against the same prompt fed whole (prefix_cache.py)."""
-    from adaptive_spec import kv  # kv imports nothing of this module; deferred to keep import order flat
+    from adaptive_spec.cache import kv  # kv imports nothing of this module; deferred to keep import order flat
 
     config = model.config
     vocab = config.vocab_size
@@ -290,7 +290,7 @@ def _prefix_reuse(model: CausalLM, context: list[int], following: list[int]) -> 
     than a prefill chunk, as real prompts are: fed whole it runs as forwards of kv.PREFILL_CHUNK and
     48 tokens, after a cached prefix of 160 tokens as 160 and 400 (a kernel that picks another path
     for some of those row counts would show here). Skipped where the model's context is shorter."""
-    from adaptive_spec import kv
+    from adaptive_spec.cache import kv
 
     def logits(parts: list[list[int]]) -> torch.Tensor:
         cache = kv.BatchCache.for_model(model)

@@ -65,7 +65,7 @@ its task). Over 30 layers' caches of 300 keys, 2 threads, old and new side by si
 hour when its memory read 8 GB/s, so slow in absolute terms): 1 row x 5 queries 218-239 -> 190-195 us a layer,
 x 9 342-417 -> 301-326, x 17 551-644 -> 495-507; 1 x 1, 4 x 5 and 8 x 1 unchanged (their tasks were enough).
 
-    from adaptive_spec import attention_cpu
+    from adaptive_spec.kernels import attention_cpu
     kernel = attention_cpu.load(build_dir)   # None when no C++ compiler is at hand (then exact.attention)
     out = kernel(query, key, value, mask, scale)   # [n, heads, q, d] ... -> [n, q, heads, d]
 
