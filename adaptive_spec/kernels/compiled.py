@@ -8,12 +8,12 @@ on a CPU with AVX512-BF16, which go to the row-invariant kernel of linear_bf16.p
 for the few rows of a step).
 
     from adaptive_spec.kernels import compiled
-    compiled.install(model, cache_dir=data_dir / "compile")   # kv.feed runs its steps compiled from now on
+    compiled.install(model, cache_dir=data_dir / "compile")   # feeding.feed runs its steps compiled from now on
 
-What runs compiled: a step over every row of a batch (`kv.feed` with rows 0..n-1, as every verify
+What runs compiled: a step over every row of a batch (`feeding.feed` with rows 0..n-1, as every verify
 and plain step is), from the embedding to the logits of every fed position, plus the states that
 enter the final norm (what a head draft reads); and every prefill of the target (one row, many
-tokens, logits at the last position only), through the same graph (kv._compiled_prefill). That is
+tokens, logits at the last position only), through the same graph (feeding._compiled_prefill). That is
 the same for the target alone and for speculation, so outputs still compare token for token. A head
 draft's steps run compiled too, in graphs of their own (`draft_forward`, HeadDrafter.compile); the other
 drafts' forwards run eager. A draft's numbers only choose what it proposes: the target verifies.
@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding
 from adaptive_spec.kernels import attention_cpu, exact, linear_bf16
 
 log = logging.getLogger(__name__)
@@ -169,11 +169,11 @@ class _Tap(nn.Module):
 
 class CompiledStep:
     """`model`'s step over rows 0..n-1 of a cache, compiled: (logits [n, width, vocab], the target's states
-    [n, width, hidden * len(kv.state_layers(model))]: the outputs of its state layers side by side, the last
+    [n, width, hidden * len(feeding.state_layers(model))]: the outputs of its state layers side by side, the last
     what enters the final norm)."""
 
     def __init__(self, model: exact.CausalLM):
-        decoder = kv.decoder_of(model)
+        decoder = feeding.decoder_of(model)
         self.norm = decoder.norm
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -184,7 +184,7 @@ class CompiledStep:
         self.decoder._modules = dict(decoder._modules)
         self.decoder._modules["norm"] = nn.Identity()
         self._taps: list[torch.Tensor] = []
-        tapped = kv.state_layers(model)[:-1]
+        tapped = feeding.state_layers(model)[:-1]
         if tapped:
             layers = nn.ModuleList(decoder.layers)
             for i in tapped:
@@ -192,7 +192,7 @@ class CompiledStep:
             self.decoder._modules["layers"] = layers
         self.calls = 0
         self._columns: dict[tuple[int, torch.device], torch.Tensor] = {}  # width -> arange(width), made once
-        # pad every one-token step to 2 columns, not only a lone row's (kv.compiled_width); set by
+        # pad every one-token step to 2 columns, not only a lone row's (feeding.compiled_width); set by
         # exact.make_exact where the invariance check fails without it
         self.pad_plain_steps = False
         self.rebuild()
@@ -228,7 +228,7 @@ class CompiledStep:
 
     def __call__(self, ids, positions, mask, cache, columns: torch.Tensor | None = None):
         """Logits `[n, len(columns), vocab]` at the given columns (default: every one) and the states at every
-        column. A step wants every column's logits; a prompt's prefill only its last (kv.feed): the LM head
+        column. A step wants every column's logits; a prompt's prefill only its last (feeding.feed): the LM head
         over all of a 512-token chunk's positions cost a quarter of its prefill on the default model. Which
         columns comes as a tensor, not a number, so that one graph serves both: dynamo would specialise on a
         number 1."""
@@ -310,7 +310,7 @@ def use_cache_dir(cache_dir: Path | str) -> None:
 
 
 def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> CompiledStep:
-    """Run `model`'s full-batch steps compiled (kv.feed); its attention becomes the invariant kernel
+    """Run `model`'s full-batch steps compiled (feeding.feed); its attention becomes the invariant kernel
     behind an opaque operator. `cache_dir` keeps compiled code between processes."""
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
@@ -324,7 +324,7 @@ def install(model: exact.CausalLM, cache_dir: Path | str | None = None) -> Compi
     exact.install(model)
     model.set_attn_implementation(NAME)
     step = CompiledStep(model)
-    kv.COMPILED[model] = step
+    feeding.COMPILED[model] = step
     return step
 
 
@@ -343,5 +343,5 @@ def use_kernel(model: nn.Module) -> None:
 
 def uninstall(model: exact.CausalLM) -> None:
     """Back to the eager invariant kernels."""
-    kv.COMPILED.pop(model, None)
+    feeding.COMPILED.pop(model, None)
     model.set_attn_implementation(exact.NAME)

@@ -57,7 +57,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 
 # A transformers causal LM: its parts are reached by name (config, model.layers, set_attn_implementation),
 # which nn.Module's types cannot say.
@@ -240,7 +240,6 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
     rows of other lengths with staggered widths (padding). Random token ids, fixed seed; about
     40 forwards (1.2 s on the default model in bf16 on 2 cores). Apart from those, `prefix_reuse`: a
     prompt prefilled in two parts against the same prompt fed whole (prefix_cache.py)."""
-    from adaptive_spec.cache import kv  # kv imports nothing of this module; deferred to keep import order flat
 
     config = model.config
     vocab = config.vocab_size
@@ -254,14 +253,14 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
         cache = kv.BatchCache.for_model(model)
         cache.row_capacity = len(rows)
         for context in rows:
-            kv.feed(model, cache, [cache.add_row()], [context])
-        return kv.feed(model, cache, list(range(len(rows))), feeds, all_logits=True)  # [n, width, vocab]
+            feeding.feed(model, cache, [cache.add_row()], [context])
+        return feeding.feed(model, cache, list(range(len(rows))), feeds, all_logits=True)  # [n, width, vocab]
 
     # each context's next position computed alone, and the positions after it, one step at a time
     alone = [forward([context], [following[:1]])[0, -1] for context in contexts]
     cache = kv.BatchCache.for_model(model)
-    kv.feed(model, cache, [cache.add_row()], [contexts[0]])
-    steps = [kv.feed(model, cache, [0], [[token]], all_logits=True)[0, -1] for token in following]
+    feeding.feed(model, cache, [cache.add_row()], [contexts[0]])
+    steps = [feeding.feed(model, cache, [0], [[token]], all_logits=True)[0, -1] for token in following]
 
     comparisons: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     for width in sorted({2, 5, 9, max_width} & set(range(2, max_width + 1))):
@@ -287,17 +286,16 @@ def check(model: CausalLM, seed: int = 0, max_rows: int = 8, max_width: int = 17
 def _prefix_reuse(model: CausalLM, context: list[int], following: list[int]) -> bool:
     """Whether `context` prefilled in two parts, split at a few points, and then `following` give the
     same logits, bitwise, as the context fed whole (the prefix cache's premise). Also a context longer
-    than a prefill chunk, as real prompts are: fed whole it runs as forwards of kv.PREFILL_CHUNK and
+    than a prefill chunk, as real prompts are: fed whole it runs as forwards of feeding.PREFILL_CHUNK and
     48 tokens, after a cached prefix of 160 tokens as 160 and 400 (a kernel that picks another path
     for some of those row counts would show here). Skipped where the model's context is shorter."""
-    from adaptive_spec.cache import kv
 
     def logits(parts: list[list[int]]) -> torch.Tensor:
         cache = kv.BatchCache.for_model(model)
         row = cache.add_row()
         for part in parts:
-            kv.feed(model, cache, [row], [part])
-        return kv.feed(model, cache, [row], [following], all_logits=True)[0]
+            feeding.feed(model, cache, [row], [part])
+        return feeding.feed(model, cache, [row], [following], all_logits=True)[0]
 
     def same_split(tokens: list[int], splits) -> bool:
         whole = logits([tokens])
@@ -306,7 +304,7 @@ def _prefix_reuse(model: CausalLM, context: list[int], following: list[int]) -> 
     splits = sorted({1, 16, len(context) // 2, len(context) - 1} & set(range(1, len(context))))
     if not same_split(context, splits):
         return False
-    long = kv.PREFILL_CHUNK + 48
+    long = feeding.PREFILL_CHUNK + 48
     limit = getattr(model.config, "max_position_embeddings", None)
     if not context or (limit is not None and long + len(following) > limit):
         return True
@@ -317,7 +315,7 @@ def make_exact(model: CausalLM) -> InvarianceReport:
     """Install the invariant attention and linears, then check; if a lone-row pad is not enough
     on this machine, try fixed row chunks of 16 (the size below the kernel switch measured on a
     Xeon's LM head). On a compiled step, a failed check is first repeated with every one-token step
-    padded to 2 columns (`step.pad_plain_steps`; by default only a lone row's is, kv.compiled_width).
+    padded to 2 columns (`step.pad_plain_steps`; by default only a lone row's is, feeding.compiled_width).
     Returns the report of the last attempt; `exact` says whether it holds.
 
     The report is kept on the model, with what it was measured on (dtype, device, the compiled step,
@@ -328,7 +326,7 @@ def make_exact(model: CausalLM) -> InvarianceReport:
     measured_on = (
         str(parameter.dtype),
         str(parameter.device),
-        id(kv.COMPILED.get(model)),
+        id(feeding.COMPILED.get(model)),
         linear,
         attention,
         COMPILED_LINEAR[0],
@@ -341,7 +339,7 @@ def make_exact(model: CausalLM) -> InvarianceReport:
     report = None
     for row_chunk in (None, 16):
         install(model, row_chunk)
-        step = kv.COMPILED.get(model)
+        step = feeding.COMPILED.get(model)
         if step is not None and row_chunk is not None:
             step.rebuild()  # its compiled code does not check the modules install() just changed
         report = check(model)
