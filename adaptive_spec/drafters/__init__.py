@@ -51,7 +51,7 @@ class Proposal:
     fed: int = 0
     free: bool = False  # copied from the context or an n-gram index (free_first.py), no model forward
     parents: list[int] | None = None  # a tree: token j follows token parents[j] (-1: the pending token); None: a chain
-    forced: int = 0  # the chain's last tokens that the row's grammar forces (batch.py `_forced_tails`), not the draft's
+    forced: int = 0  # the chain's last tokens that the row's grammar forces (row.py `Row.forced_tail`), not the draft's
     # Once the target kept a path of a tree, the proposal is that path (batch.py `_accept`):
     verified: int | None = None  # the tree's size, every node of which the target verified
     depth: int | None = None  # the tree's depth: how far the path could have gone

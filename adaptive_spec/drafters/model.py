@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter
 from adaptive_spec.drafters.vocab import DraftVocab
 
@@ -89,7 +89,7 @@ class ModelDrafter(Drafter):
             with self.using(adapter) as vocab:
                 for i in group:
                     if len(feeds[i]) > CATCH_UP_ALONE:
-                        kv.feed(self.model, cache, [rows[i].slot], [feeds[i][:-1]], decoder_only=True)
+                        feeding.feed(self.model, cache, [rows[i].slot], [feeds[i][:-1]], decoder_only=True)
                         feeds[i] = feeds[i][-1:]
                 while live := [i for i in group if len(tokens[i]) < ks[i]]:
                     logits = self._next_logits(vocab, cache, [rows[i].slot for i in live], [feeds[i] for i in live])
@@ -115,5 +115,5 @@ class ModelDrafter(Drafter):
     def _next_logits(self, vocab: DraftVocab, cache: kv.BatchCache, slots: list[int], feeds: list[list[int]]):
         """Logits after each row's feed: [n, vocab], or [n, n_vocab] over a restricted vocabulary."""
         if not vocab.restricted:
-            return kv.feed(self.model, cache, slots, feeds)
-        return vocab.logits(kv.feed(self.model, cache, slots, feeds, decoder_only=True))
+            return feeding.feed(self.model, cache, slots, feeds)
+        return vocab.logits(feeding.feed(self.model, cache, slots, feeds, decoder_only=True))

@@ -21,7 +21,8 @@ import torch
 from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.drafters.head import DraftHead, HeadDrafter
+from adaptive_spec.drafters.draft_head import DraftHead
+from adaptive_spec.drafters.head import HeadDrafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,7 +84,7 @@ def test_head_weights_are_the_heads_own_and_the_target_is_untouched() -> None:
     head = engine.drafter.head
     assert {name for name, _ in head.named_parameters()} == {
         "fuse.weight",
-        "reduce.weight",  # the target's state layers (kv.state_layers) -> one state
+        "reduce.weight",  # the target's state layers (feeding.state_layers) -> one state
         *(f"layer.{n}" for n, _ in head.layer.named_parameters()),
     }
     target_ptrs = {p.data_ptr() for p in target.parameters()}

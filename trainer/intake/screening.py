@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive_spec.drafters.head import DraftHead
+from adaptive_spec.drafters.draft_head import DraftHead
 from adaptive_spec.formats.record import CorrectionRecord
 
 REASONS = ("model", "vocab", "shape", "top_m")

@@ -1,4 +1,4 @@
-"""Distil the target into a head draft (adaptive_spec/drafters/head.py): LoRA on the head's decoder
+"""Distil the target into a head draft (adaptive_spec/drafters/draft_head.py): LoRA on the head's decoder
 layer, its fuse trained whole, from the same correction records as an early-exit adapter.
 
     from trainer.learning.head_distill import HeadSettings, HeadTrainer
@@ -19,8 +19,8 @@ Small CPU check (tiny random models, one thread, about 30 s):
 
 What the head reads. To draft token t + 1 the head takes the target's state at position t - 1 and the
 embedding of token t: the outputs of the target's state layers there side by side (`F[t-1]`, EAGLE-3's
-fused features: kv.state_layers, a low, a middle and the last), which the head's `reduce` turns into one
-state (adaptive_spec/drafters/head.py says why it starts as the last layer's block alone). `S[t]` is the
+fused features: feeding.state_layers, a low, a middle and the last), which the head's `reduce` turns into one
+state (adaptive_spec/drafters/draft_head.py says why it starts as the last layer's block alone). `S[t]` is the
 last of them, what enters the target's final norm. The records hold tokens and the target's top-m, not
 states, so the trainer runs the target once over each sequence it trains or gates on (prompt + output,
 `TargetStates`) and keeps the states with the example, in fp16, until the replay buffer or the held-out set

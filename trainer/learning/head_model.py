@@ -5,7 +5,7 @@ batches of examples with their states (`head_batch`), and the head unrolled on i
 reads and how it learns.
 
     head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I], reading
-                                                    # the target's state layers (kv.state_layers)
+                                                    # the target's state layers (feeding.state_layers)
     TrainableHead(target, feature_layers=(29,))     # the last layer alone (the default model's 30 layers)
     head.gate_figures(records)                      # GateFigures of its first draft token
     head.chain_figures(records, depth=4)            # how it does on its own states, step by step
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive_spec.cache.kv import capture_states
-from adaptive_spec.drafters.head import DraftHead
+from adaptive_spec.cache.feeding import capture_states
+from adaptive_spec.drafters.draft_head import DraftHead
 from adaptive_spec.formats.record import CorrectionRecord
 from trainer.evaluation.gate import GateFigures, Tally
 from trainer.intake.examples import TrainingExample, collate, examples_from_record, micro_batches
@@ -32,7 +32,7 @@ FUSE_PROBE_TOKENS = 64  # the fixed probe that sets the fuse's embedding scale
 
 class TargetStates:
     """The target's states at every position of a sequence (its `layers`' outputs side by side, the last what
-    enters its final norm; kv.state_layers by default), from one target forward, kept as long as the object
+    enters its final norm; feeding.state_layers by default), from one target forward, kept as long as the object
     it belongs to (an example, a held-out record) lives.
 
     Example: a record of a 90-token prompt and a 64-token output trains on 153 input tokens; one
@@ -42,7 +42,7 @@ class TargetStates:
     def __init__(self, target, dtype: torch.dtype = torch.float16, layers: tuple[int, ...] | None = None) -> None:
         self.target = target
         self.dtype = dtype
-        self.layers = layers  # the layers whose outputs, side by side, make a state (None: kv.state_layers)
+        self.layers = layers  # the layers whose outputs, side by side, make a state (None: feeding.state_layers)
         self.forwards = 0
         self.tokens = 0
         self.seconds = 0.0
