@@ -49,6 +49,7 @@ from trainer.intake.stream import CorrectionStream
 log = logging.getLogger(__name__)
 
 UNTAGGED = "untagged"  # the domain_mix key of records without a domain
+COUNTERS = ("records_consumed", "tokens_consumed", "duplicates", "rejected")  # what a checkpoint keeps
 
 
 class Split(Protocol):
@@ -184,6 +185,19 @@ class StreamIntake:
             return
         for entry_id in ids:
             self._unacked.pop(entry_id, None)
+
+    def counters(self) -> dict:
+        return {name: getattr(self, name) for name in COUNTERS}
+
+    def load_counters(self, counters: dict) -> None:
+        """A checkpoint's counters (one it lacks stays as it is), once its records are kept again: the
+        screen may have refused some of them (kept before it existed), counted on top."""
+        refused, self.rejected = self.rejected, {}
+        for name in COUNTERS:
+            if name in counters:
+                setattr(self, name, counters[name])
+        for reason, count in refused.items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + count
 
     def encoded_buffer(self) -> Iterator[bytes]:
         """The replay buffer's records as they came (CorrectionRecord.encode()), oldest first."""

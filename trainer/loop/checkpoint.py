@@ -3,6 +3,15 @@
     path = write_checkpoint(data_dir / "trainer", 7, trainer.save, buffer_bytes, holdout_bytes, state)
     state, adapter_dir = latest_checkpoint(data_dir / "trainer")   # (None, None) before the first one
 
+An online trainer (trainer/loop/online.py) writes and reads its parts through the two above: each gives
+its share of the state and takes it back (the intake its records and counters, the rounds theirs, the
+lineages their champions), and the entries a checkpoint covers are acknowledged once it is written:
+
+    path = write_parts(data_dir / "trainer", 7, "trainer-1", trainer.save, lineages=lineages, intake=intake,
+                       rounds=rounds, versions=versions, base_version=None)
+    restore_parts(state, path, "trainer-1", lineages=lineages, intake=intake, rounds=rounds, versions=versions)
+    parts_changed(lineages, intake, rounds)     # a round ran, a champion moved, or entries wait
+
 A checkpoint is a directory `ckpt-NNNNNN` written under a temporary name, renamed, and named by the
 file `LATEST` (replaced atomically), so a crash mid-write leaves the last complete one in place:
 
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import struct
@@ -32,6 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptive_spec.formats.record import CorrectionRecord
+from trainer.intake.intake import StreamIntake
+from trainer.loop.domains import DomainLineages
+from trainer.loop.rounds import Rounds
+from trainer.promotion.versions import VersionDirs
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 1
 LATEST = "LATEST"  # names the complete checkpoint directory
@@ -41,7 +57,7 @@ _LENGTH = struct.Struct("<I")
 @dataclass
 class CheckpointState:
     """What state.json holds: one writer (`write_checkpoint`), one reader (`latest_checkpoint`). Each
-    part of the trainer gives and takes its own share (`OnlineTrainer.checkpoint` and `_restore`)."""
+    part of the trainer gives and takes its own share (`write_parts` and `restore_parts`)."""
 
     consumer: str  # the consumer name that wrote it
     checkpoint_seq: int
@@ -108,6 +124,84 @@ def latest_checkpoint(directory: Path | None) -> tuple[CheckpointState | None, P
             f"checkpoint {checkpoint} has format {state.get('format')}, this build reads {CHECKPOINT_FORMAT}"
         )
     return CheckpointState.from_json(state), checkpoint
+
+
+def write_parts(
+    directory: Path,
+    seq: int,
+    consumer: str,
+    save_adapter: Callable[[Path], object],
+    *,
+    lineages: DomainLineages,
+    intake: StreamIntake,
+    rounds: Rounds,
+    versions: VersionDirs,
+    base_version: str | int | None,
+) -> Path:
+    """Checkpoint `seq` of an online trainer: the champion's weights (`save_adapter`; between rounds the
+    model holds them), the buffer, the held-out set and every part's state, written atomically; then
+    the entries they contain are acknowledged. Returns the checkpoint directory."""
+    covered = intake.unacked  # everything routed so far is in what is written below
+    round_state = rounds.state()
+    state = CheckpointState(
+        consumer=consumer,
+        checkpoint_seq=seq,
+        champion=lineages.general.champion.state(),
+        next_version=versions.next,
+        new_records=lineages.general.new_records,
+        counters={**intake.counters(), **round_state["counters"]},
+        rng=round_state["rng"],
+        last_result=round_state["last_result"],
+        domains=lineages.state(),
+        base_version=base_version,
+    )
+    holdout = (record.encode() for record in intake.holdout.records)
+    path = write_checkpoint(directory, seq, save_adapter, intake.encoded_buffer(), holdout, state)
+    rounds.changed = False
+    for lineage in lineages.every():
+        lineage.champion.changed = False
+    intake.ack(covered)
+    return path
+
+
+def restore_parts(
+    state: CheckpointState,
+    checkpoint: Path,
+    consumer: str,
+    *,
+    lineages: DomainLineages,
+    intake: StreamIntake,
+    rounds: Rounds,
+    versions: VersionDirs,
+) -> None:
+    """Each part takes its share of the checkpoint back: the records (held-out first, so every record
+    keeps its place), the counters, the champions (each domain's weights from its version
+    directory, then the general champion's back in the model), the next version, the sampler."""
+    if state.consumer != consumer:
+        log.warning(
+            "checkpoint %s was written by consumer %r, this trainer reads as %r: that consumer's unacknowledged "
+            "entries come back only after %d ms idle (XAUTOCLAIM)",
+            checkpoint,
+            state.consumer,
+            consumer,
+            intake.reclaim_idle_ms,
+        )
+    for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
+        intake.keep(record)
+    intake.load_counters(state.counters)
+    rounds.load_state(state.counters, state.rng, state.last_result)
+    lineages.general.champion.load_state(state.champion)
+    lineages.load_state(state.domains)
+    lineages.general.champion.roll_back()  # a domain's champion was loaded into the model to read its weights
+    versions.next = max(versions.next, state.next_version)
+    lineages.general.new_records = state.new_records
+
+
+def parts_changed(lineages: DomainLineages, intake: StreamIntake, rounds: Rounds) -> bool:
+    """Whether a checkpoint now would write anything the last one did not: a round ran, a champion
+    moved, or routed entries wait for one to be acknowledged."""
+    champions_changed = any(lineage.champion.changed for lineage in lineages.every())
+    return rounds.changed or champions_changed or bool(intake.unacked)
 
 
 def write_records(path: Path, encoded: Iterable[bytes]) -> None:

@@ -49,7 +49,7 @@ from trainer.intake.stream import CorrectionStream
 from trainer.learning.distill import DraftTrainer, LoraSettings
 from trainer.learning.head_distill import HeadTrainer
 from trainer.learning.head_model import TrainableHead
-from trainer.loop.checkpoint import CheckpointState, latest_checkpoint, read_records, write_checkpoint
+from trainer.loop.checkpoint import latest_checkpoint, parts_changed, restore_parts, write_parts
 from trainer.loop.domains import DomainLineages, Lineage
 from trainer.loop.rounds import RoundResult, Rounds, versus
 from trainer.loop.status import TrainerStatus
@@ -58,8 +58,6 @@ from trainer.promotion.versions import AdapterVersion, VersionDirs
 from trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
-
-INTAKE_COUNTERS = ("records_consumed", "tokens_consumed", "duplicates", "rejected")
 
 
 @dataclass(frozen=True)
@@ -167,8 +165,18 @@ class OnlineTrainer:
             on_promote=on_promote,
             checkpoint=self.checkpoint if self.checkpoint_dir is not None else None,
         )
-        if state is not None and checkpoint is not None:
-            self._restore(state, checkpoint)
+        if state is not None and checkpoint is not None:  # each part takes its share back (trainer/loop/checkpoint.py)
+            restore_parts(
+                state,
+                checkpoint,
+                stream.consumer,
+                lineages=self.lineages,
+                intake=self.intake,
+                rounds=self.rounds_part,
+                versions=self.versions,
+            )
+            self.checkpoint_seq = state.checkpoint_seq
+            log.info("resumed from %s: %s", checkpoint, self.progress())
         self.stream.ensure_group()
 
     # ---------------------------------------------------------------- the loop
@@ -329,79 +337,33 @@ class OnlineTrainer:
 
     def checkpoint(self) -> Path:
         """Write the champion, buffer, held-out set and every part's state atomically, then acknowledge
-        the entries they contain. Returns the checkpoint directory."""
+        the entries they contain (trainer/loop/checkpoint.py `write_parts`). Returns the checkpoint directory."""
         if self.checkpoint_dir is None:
             raise ValueError("this trainer has no checkpoint_dir")
-        covered = self.intake.unacked  # everything routed so far is in what is written below
         self.checkpoint_seq += 1
-        rounds = self.rounds_part.state()
-        state = CheckpointState(
-            consumer=self.stream.consumer,
-            checkpoint_seq=self.checkpoint_seq,
-            champion=self.champion.state(),
-            next_version=self.versions.next,
-            new_records=self.general.new_records,
-            counters={**{name: getattr(self.intake, name) for name in INTAKE_COUNTERS}, **rounds["counters"]},
-            rng=rounds["rng"],
-            last_result=rounds["last_result"],
-            domains=self.lineages.state(),
-            base_version=self.settings.base_version,
-        )
-        path = write_checkpoint(
+        path = write_parts(
             self.checkpoint_dir,
             self.checkpoint_seq,
-            self.trainer.save,  # between rounds the weights are the champion's
-            self.intake.encoded_buffer(),
-            (record.encode() for record in self.holdout.records),
-            state,
+            self.stream.consumer,
+            self.trainer.save,
+            lineages=self.lineages,
+            intake=self.intake,
+            rounds=self.rounds_part,
+            versions=self.versions,
+            base_version=self.settings.base_version,
         )
-        self._polled = self.rounds_part.changed = False
-        for lineage in self.lineages.every():
-            lineage.champion.changed = False
-        self.intake.ack(covered)
+        self._polled = False
         return path
 
-    def _restore(self, state: CheckpointState, checkpoint: Path) -> None:
-        """Each part takes its share of the checkpoint back: the records (held-out first, so every record
-        keeps its place), the counters, the champions (each domain's weights from its version
-        directory, then the general champion's back in the model), the next version, the sampler."""
-        if state.consumer != self.stream.consumer:
-            log.warning(
-                "checkpoint %s was written by consumer %r, this trainer reads as %r: that consumer's unacknowledged "
-                "entries come back only after %d ms idle (XAUTOCLAIM)",
-                checkpoint,
-                state.consumer,
-                self.stream.consumer,
-                self.settings.reclaim_idle_ms,
-            )
-        for record in read_records(checkpoint / "holdout.bin") + read_records(checkpoint / "buffer.bin"):
-            self.intake.keep(record)
-        # the screen refused some of them (kept before it existed): counted on top of the counters restored
-        refused, self.intake.rejected = self.intake.rejected, {}
-        for name in INTAKE_COUNTERS:
-            if name in state.counters:
-                setattr(self.intake, name, state.counters[name])
-        for reason, count in refused.items():
-            self.intake.rejected[reason] = self.intake.rejected.get(reason, 0) + count
-        self.rounds_part.load_state(state.counters, state.rng, state.last_result)
-        self.champion.load_state(state.champion)
-        self.lineages.load_state(state.domains)
-        self.champion.roll_back()  # a domain's champion was loaded into the model to read its weights
-        self.versions.next = max(self.versions.next, state.next_version)
-        self.general.new_records = state.new_records
-        self.checkpoint_seq = state.checkpoint_seq
-        log.info("resumed from %s: %s", checkpoint, self.progress())
-
     def _dirty(self) -> bool:
-        champions_changed = any(lineage.champion.changed for lineage in self.lineages.every())
-        return self._polled or self.rounds_part.changed or champions_changed or bool(self.intake.unacked)
+        return self._polled or parts_changed(self.lineages, self.intake, self.rounds_part)
 
     # ---------------------------------------------------------------- reports
 
     def counters(self) -> dict:
         """Figures for reports (bench-drift's records_consumed, tokens_consumed, train_s, adapters_promoted)."""
         return {
-            **{name: getattr(self.intake, name) for name in INTAKE_COUNTERS},
+            **self.intake.counters(),
             **self.rounds_part.state()["counters"],
             "buffer_records": len(self.buffer),
             "holdout_records": len(self.holdout),
