@@ -16,7 +16,6 @@ decoding by the target alone: the baseline every speed figure divides by.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -27,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding
 from adaptive_spec.cache.prefix import PrefixCache
 from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.decoding.batch import Batch
 from adaptive_spec.decoding.dynamic_k import DynamicK
 from adaptive_spec.decoding.request import Chunk, GenerationOutput, Request
+from adaptive_spec.decoding.requests import SEEDED_K, check_request, copies, new_generator
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.slots import AdapterSlot, AdapterSlots, build_slot
@@ -40,16 +40,10 @@ from adaptive_spec.drafters.spec import parse_draft_spec
 from adaptive_spec.kernels import attention, compiled, cpu_linear, exact
 from adaptive_spec.models import load_model, resolve_device, serving_dtype
 from adaptive_spec.options import CoreSettings
-from adaptive_spec.outputs.constraints import Penalties
 from adaptive_spec.outputs.grammar import WHITESPACE, GrammarError, Grammars
 from adaptive_spec.outputs.tokens import InputError, encode_prompt, eos_ids, tokens_until_stop
-from adaptive_spec.sample.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-
-SEEDED_K = 3  # the fixed k of a sampled request with a seed when k is dynamic (see Engine.request)
-MAX_LOGPROBS = 20  # the most alternatives a request may ask for per token (OpenAI's limit)
-MAX_N = 8  # the most choices one request may ask for
 
 
 class Engine:
@@ -186,7 +180,7 @@ class Engine:
     @property
     def path(self) -> str:
         """How the target's decoding steps run: "compiled" (compiled.py) or "eager"."""
-        return "compiled" if self.target in kv.COMPILED else "eager"
+        return "compiled" if self.target in feeding.COMPILED else "eager"
 
     @property
     def dtype_name(self) -> str:
@@ -399,59 +393,39 @@ class Engine:
         `generate` reads it) drafts from its first step. On a trained python head (AMD EPYC, 24 prompts x
         64 tokens, in turns): 151.5 / 157.8 tok/s read whole against 150.0 / 153.2 streamed, 3.08-3.12
         tokens a target forward against 2.83-2.94; the first token after 44 ms against 37."""
-        if domain is not None and (not isinstance(domain, str) or not domain):
-            raise InputError(f"domain must be a non-empty string or None, got {domain!r}")
-        if logprobs is not None and (not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS):
-            raise InputError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {logprobs!r}")
-        bias = tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items()))
-        penalties = Penalties(float(frequency_penalty), float(presence_penalty), float(repetition_penalty), bias)
-        try:
-            penalties.validate(self.vocab_size)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        grammar = self._grammar(response_format)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if k is not None and (not isinstance(k, int) or k < 0):
-            raise InputError(f"k must be a non-negative integer or None (dynamic), got {k!r}")
-        params = SamplingParams(float(temperature), float(top_p), int(top_k), seed)
-        try:
-            params.validate()
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise InputError("stop must be a non-empty string or a list of them")
-        generator = None
-        if not params.greedy:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        speculative = bool(speculative) and k != 0 and self.drafter is not None
-        k = k if k is not None else self.k
-        if k is None and seed is not None and not params.greedy:
+        penalties = (frequency_penalty, presence_penalty, repetition_penalty, logit_bias)
+        checked = check_request(
+            max_new_tokens, temperature, top_p, top_k, seed, k, stop, speculative,
+            domain=domain, penalties=penalties, logprobs=logprobs, vocab_size=self.vocab_size,
+        )  # fmt: skip
+        speculative = checked.speculative and self.drafter is not None
+        k = checked.k if checked.k is not None else self.k
+        if k is None and checked.params.seed is not None and not checked.params.greedy:
             # Dynamic k follows measured timings, and a different k consumes the random stream
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the
             # same draft and adapter version); the distribution is the target's either way.
             k = SEEDED_K
-        fields = (max_new_tokens, params, k, stops, speculative, generator, domain, penalties, grammar, logprobs)
-        return Request(self.encode_prompt(prompt), *fields, streamed=bool(streamed))
+        grammar = self._grammar(response_format)
+        return Request(
+            self.encode_prompt(prompt),
+            max_new_tokens,
+            checked.params,
+            k,
+            checked.stops,
+            speculative,
+            new_generator(checked.params, self.device),
+            domain,
+            checked.penalties,
+            grammar,
+            logprobs,
+            streamed=bool(streamed),
+        )
 
     def requests(self, prompt, n: int, *args, **kwargs) -> list[Request]:
         """`n` requests for one prompt (OpenAI's `n`): the same options, each with its own random
         generator. With a seed s, choice i draws from seed s + i, so choice 0 is the single
         request with that seed and the n choices repeat."""
-        if not isinstance(n, int) or not 1 <= n <= MAX_N:
-            raise InputError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
-        first = self.request(prompt, *args, **kwargs)
-        copies = [first]
-        for i in range(1, n):
-            generator = None
-            if first.generator is not None:
-                generator = torch.Generator(device=self.device)
-                seed = first.params.seed
-                generator.manual_seed(seed + i if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            copies.append(dataclasses.replace(first, generator=generator))
-        return copies
+        return copies(self.request(prompt, *args, **kwargs), n, self.device)
 
     def _grammar(self, response_format):
         """The compiled grammar of a response_format (None for free text); InputError if it cannot be."""

@@ -55,7 +55,7 @@ defaults until rank 64 replaced rank 16):
                    unroll-3-decay-0.5-rank-64 with a LoRA of rank 128 (alpha 256), or a learning rate of 2e-3
     fused-features-rank-128
                    HeadSettings() of 2026-11-29 (unroll-3-decay-0.5-rank-128) on EAGLE-3's fused features: the
-                   target's low, middle and last layers side by side (kv.state_layers); every other recipe reads
+                   target's low, middle and last layers side by side (feeding.state_layers); every other recipe reads
                    the last layer alone (HeadSettings() until 2026-11-30)
     fused-features-rank-128-unroll-4
                    HeadSettings() since 2026-11-30: the same with four draft steps trained
@@ -79,7 +79,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.cache.kv import state_layers
+from adaptive_spec.cache.feeding import state_layers
 from adaptive_spec.formats.record import CorrectionRecord, record_from_output
 from adaptive_spec.outputs.prompts import encode_item
 from benchmarks.settings import RECIPES, AblationSettings

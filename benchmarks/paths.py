@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 from tqdm import tqdm
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.engine import Engine
 from adaptive_spec.formats.stats import Totals
 from adaptive_spec.kernels import linear_bf16
@@ -175,13 +175,13 @@ def forward_costs(engine: Engine, context: int = 128, repeats: int = 11) -> dict
         cache = kv.BatchCache.for_model(model)
         cache.row_capacity = rows
         for _ in range(rows):
-            kv.feed(model, cache, [cache.add_row()], [[(100 + i) % engine.vocab_size for i in range(context)]])
+            feeding.feed(model, cache, [cache.add_row()], [[(100 + i) % engine.vocab_size for i in range(context)]])
         times = []
         for _ in range(repeats):
             for row in range(rows):
                 cache.set_length(row, context)
             started = engine.clock()
-            kv.feed(model, cache, list(range(rows)), [[5] * width] * rows, all_logits=True)
+            feeding.feed(model, cache, list(range(rows)), [[5] * width] * rows, all_logits=True)
             times.append(engine.clock() - started)
         costs[f"{rows}x{width}"] = statistics.median(times[1:]) * 1000
     return costs

@@ -54,7 +54,7 @@ RECIPES = {
     # learning rate doubled
     "unroll-3-decay-0.5-rank-128": {"r": 128, "alpha": 256, "unroll": 3, "unroll_decay": 0.5},
     "unroll-3-decay-0.5-rank-64-lr-2e-3": RANK_64 | {"unroll": 3, "unroll_decay": 0.5, "lr": 2e-3},
-    # HeadSettings() until 2026-11-30, with EAGLE-3's fused features: the target's low, middle and last layers (kv.state_layers)
+    # HeadSettings() until 2026-11-30, with EAGLE-3's fused features: the target's low, middle and last layers (feeding.state_layers)
     "fused-features-rank-128": {"r": 128, "alpha": 256, "unroll": 3, "unroll_decay": 0.5, "features": "fused"},
     # HeadSettings() now: four draft steps trained
     "fused-features-rank-128-unroll-4": {"r": 128, "alpha": 256, "unroll": 4, "unroll_decay": 0.5, "features": "fused"},

@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from adaptive_spec.contracts import DOMAIN_TAG_PATTERN, MAX_DOMAIN_CHARS
-from adaptive_spec.engine import MAX_LOGPROBS, MAX_N
+from adaptive_spec.decoding.requests import MAX_LOGPROBS, MAX_N
 from adaptive_spec.outputs.constraints import MIN_REPETITION_PENALTY
 from adaptive_spec.outputs.tokens import CHAT_ROLES
 from adaptive_spec.sample.sampling import SEED_MAX, SEED_MIN

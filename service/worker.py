@@ -46,8 +46,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptive_spec.decoding.batch import Row
 from adaptive_spec.decoding.request import Request
+from adaptive_spec.decoding.row import Row
 from adaptive_spec.engine import Chunk, GenerationOutput, InputError
 
 log = logging.getLogger(__name__)

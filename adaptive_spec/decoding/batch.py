@@ -21,7 +21,8 @@ Each step is draft -> verify -> accept -> commit over every row at once:
 - commit: each row's context grows by what it kept, and each row's caches (target and draft) are
   rolled back by their own amount.
 
-Per-row state lives in one record, `Row`, next to the caches that hold all rows. k for the step
+Per-row state lives in one record, `Row` (row.py), next to the caches that hold all rows, with what the step
+decides for a row on its own (its verdict, its grammar's forced tokens, its output). k for the step
 comes from the policy (dynamic_k.py), which weighs the batch's cost of drafting against its
 rows' acceptance.
 """
@@ -30,79 +31,24 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.decoding.prefill import ChunkedPrefill
-from adaptive_spec.decoding.request import Chunk, GenerationOutput, Request, Trace, cut_at_stop
+from adaptive_spec.decoding.request import Chunk, Request, Trace
+from adaptive_spec.decoding.row import Row
 from adaptive_spec.drafters import Proposal, no_proposal
-from adaptive_spec.drafters.slots import AdapterSlot
 from adaptive_spec.formats.stats import RequestStats, StepStats
 from adaptive_spec.outputs.constraints import Constraints
-from adaptive_spec.sample.acceptance import (
-    Verdict,
-    greedy_accept,
-    greedy_accept_choices,
-    rejection_sample,
-    target_choices,
-    tree_greedy_accept,
-    tree_rejection_sample,
-)
-from adaptive_spec.sample.sampling import logits_to_probs
+from adaptive_spec.sample.acceptance import Verdict, target_choices
 
 # Prompts prefilled together (Batch.add_many) when this many tokens or fewer are left after their cached prefix:
 # the tails an exact repeat leaves (prefix_cache.BLOCK - 1 at most, or 16 where the last block is whole).
 # Longer ones go alone: a forward over many tokens is bound by its arithmetic, and rows padded to the
 # longest would cost more than they save.
 JOINT_PREFILL_TOKENS = 16
-MAX_FORCED = 16  # grammar-forced tokens appended to a row's chain in one step (each widens the verify)
-
-
-@dataclass(eq=False)
-class Row:
-    """One request in a batch: its context, its place in the caches, and what it has produced."""
-
-    request: Request
-    slot: int  # the row's index in the batch's caches (rows stay packed: it moves when others leave)
-    alpha: float  # where the row starts (DynamicK.alpha_for); it drafts by its key's profile once that is measured
-    ids: list[int]  # the context; its last token is pending (not yet in the target's cache)
-    stats: RequestStats
-    trace: Trace
-    started: float
-    out: list[int] = field(default_factory=list)
-    finish: str | None = None
-    draft_state: object = None  # what the drafter keeps for this row (the head: the target's states)
-    adapter: AdapterSlot | None = None  # what the row drafts with: its domain's adapter, the general one, or none
-    constraints: Constraints | None = None  # penalties, logit bias, grammar: applied to target and draft logits
-    free_alpha: float = 0.5  # its acceptance estimate of free proposals (ngram+ drafts), for dynamic k
-    emitted_last: int = 0  # tokens its last step emitted: the most a draft that was there feeds at the next
-
-    @property
-    def key(self) -> tuple[str | None, str | None]:
-        """What the row's acceptance is kept by (dynamic_k.py): its domain and adapter version."""
-        return self.request.domain, None if self.adapter is None else self.adapter.version
-
-    @property
-    def params(self):
-        return self.request.params
-
-    @property
-    def generator(self) -> torch.Generator | None:
-        return self.request.generator
-
-    def draft_limit(self, max_context: int | None, can_draft: bool) -> int:
-        """How many tokens this row may draft now: a step emits k + 1 tokens at most."""
-        limit = self.request.max_new_tokens - len(self.out) - 1
-        if max_context is not None:
-            limit = min(limit, max_context - len(self.ids) - 1)
-        if not (can_draft and self.request.speculative) or limit <= 0:
-            return 0
-        if self.request.k is None and self.request.streamed and not self.out:
-            return 0  # time to first token: a streamed request's first step is the target's alone (Request.streamed)
-        return limit
 
 
 class Batch:
@@ -194,7 +140,7 @@ class Batch:
             if hit is not None:
                 self.target_cache.write_row(row.slot, hit.keys, hit.values)
         feeds = [row.ids[row.stats.cached_tokens : -1] for row, _ in group]
-        out = kv.feed(
+        out = feeding.feed(
             self.engine.target, self.target_cache, [row.slot for row, _ in group], feeds, hidden=self.wants_hidden
         )
         for i, (row, hit) in enumerate(group):
@@ -343,26 +289,8 @@ class Batch:
                 copied = free or [[] for _ in ks]
                 ks = [k if copy else policy.tree_nodes(k) for k, copy in zip(ks, copied, strict=True)]
             proposals = self.drafter.propose(self.draft_cache, self.rows, ks, free, depths)
-        proposals = self._forced_tails(proposals, limits)
+        proposals = [row.forced_tail(p, limit) for row, p, limit in zip(self.rows, proposals, limits, strict=True)]
         return proposals, self.engine.clock() - started
-
-    def _forced_tails(self, proposals: list[Proposal], limits: list[int]) -> list[Proposal]:
-        """Each chain of a dynamic-k row with a grammar, extended by the tokens the grammar forces after it
-        (grammar.py `Matcher.forced`), up to the row's limit and MAX_FORCED: one more verify column
-        each, no draft forward, and accepted wherever the target writes the forced bytes as usual.
-        Even a row the policy left to plain decoding proposes them. Example: a forced tool call whose
-        draft proposed `search_flights` gets `", "arguments": ` appended to verify in the same forward.
-        Lossless as any draft is: the target verifies every token, and a sampled row's forced token is
-        a one-hot draft distribution (rejection sampling keeps it with the target's probability).
-        Rows of a fixed k draft exactly k, as asked."""
-        for i, (row, proposal) in enumerate(zip(self.rows, proposals, strict=True)):
-            if row.constraints is None or row.request.k is not None or proposal.parents is not None:
-                continue
-            drafted = proposal.tokens.tolist()
-            tail = row.constraints.forced_after(drafted, min(limits[i] - len(drafted), MAX_FORCED))
-            if tail:
-                proposals[i] = _extended(proposal, tail)
-        return proposals
 
     def _verify(self, proposals: list[Proposal]) -> tuple[list[torch.Tensor], float]:
         """One target forward over every row's [pending, d1..dk], a chain or a tree: per row logits [k + 1, vocab]."""
@@ -377,7 +305,7 @@ class Batch:
                 )
                 for row, p in zip(self.rows, proposals, strict=True)
             ]
-        out = kv.feed(
+        out = feeding.feed(
             self.engine.target,
             self.target_cache,
             [row.slot for row in self.rows],
@@ -405,69 +333,12 @@ class Batch:
     def _accept(
         self, proposals: list[Proposal], target_logits: list[torch.Tensor]
     ) -> tuple[list[Proposal], list[torch.Tensor], list[Verdict]]:
-        """Each row's verdict. A tree's is the path the target kept: from here on the row's proposal
-        is that path (with the columns it was verified at) and its logits those of the path."""
-        settled, settled_logits, verdicts = [], [], []
-        for i, (row, proposal, raw) in enumerate(zip(self.rows, proposals, target_logits, strict=True)):
-            if proposal.parents is not None:
-                proposal, raw, verdict = self._accept_tree(row, proposal, raw)
-            else:
-                logits = raw  # the trace keeps the raw logits: what the target wanted
-                if row.constraints is not None:
-                    logits = row.constraints.target(raw, proposal.tokens.tolist())
-                choices = self._choices[i]
-                if choices is not None:
-                    verdict = greedy_accept_choices(proposal.tokens.tolist(), choices)
-                elif row.params.greedy:
-                    verdict = greedy_accept(proposal.tokens, logits)
-                else:
-                    target_probs = logits_to_probs(logits, row.params)  # [k + 1, vocab]
-                    verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, row.generator)
-            settled.append(proposal)
-            settled_logits.append(raw)
-            verdicts.append(verdict)
-        return settled, settled_logits, verdicts
-
-    def _accept_tree(self, row: Row, tree: Proposal, raw: torch.Tensor) -> tuple[Proposal, torch.Tensor, Verdict]:
-        """A tree's verdict (acceptance.py), as the chain of the path it kept. raw: [nodes + 1, vocab]."""
-        tokens, parents = tree.tokens.tolist(), tree.parents
-        assert parents is not None, "a tree proposal has parents"
-        paths: list[list[int]] = [[]]  # per verify column: the draft tokens before it (column 0: the pending token)
-        for node, parent in enumerate(parents):
-            paths.append([*paths[parent + 1], tokens[node]])
-        logits = raw
-        if row.constraints is not None:  # each node's distribution under the grammar and penalties of its own path
-            per_node = [row.constraints.target(raw[[0]], [])[0]]
-            for node in range(len(tokens)):
-                along = raw[[0, *self._columns(parents, node)]]  # [depth + 1, vocab]: the root, then the path
-                per_node.append(row.constraints.target(along, paths[node + 1])[-1])
-            logits = torch.stack(per_node)
-        if row.params.greedy:
-            kept = tree_greedy_accept(tree.tokens, parents, logits)
-        else:
-            kept = tree_rejection_sample(tree.tokens, parents, logits_to_probs(logits, row.params), row.generator)
-        columns = [0, *(node + 1 for node in kept.path)]
-        depth = max(len(path) for path in paths)
-        path = Proposal(
-            tree.tokens[kept.path],
-            None,
-            tree.forwards,
-            tree.fed,
-            tree.free,
-            verified=len(tokens),
-            depth=depth,
-            columns=columns,
-        )
-        return path, raw[columns], Verdict(len(kept.path), kept.next_token)
-
-    @staticmethod
-    def _columns(parents: list[int], node: int) -> list[int]:
-        """The verify columns of `node`'s ancestors and itself, root first (column = node + 1)."""
-        chain = []
-        while node >= 0:
-            chain.append(node + 1)
-            node = parents[node]
-        return chain[::-1]
+        """Each row's verdict (Row.verdict); a tree's proposal and logits become those of the path it kept."""
+        settled = [
+            row.verdict(proposal, raw, choices)
+            for row, proposal, raw, choices in zip(self.rows, proposals, target_logits, self._choices, strict=True)
+        ]
+        return [p for p, _, _ in settled], [raw for _, raw, _ in settled], [v for _, _, v in settled]
 
     def _commit(self, proposals: list[Proposal], verdicts: list[Verdict]) -> list[list[int]]:
         """Extend each row's context and roll its caches back to it; return the emitted tokens."""
@@ -533,36 +404,4 @@ class Batch:
             self.engine.policy.observe_row(row.alpha, own, kept, row.key)  # into the key's figures, which it drafts by
         if row.finish is None:
             return Chunk(emitted)
-        return Chunk(emitted[: len(emitted) - cut], row.finish, self._output(row))
-
-    def _output(self, row: Row) -> GenerationOutput:
-        row.trace.truncate(len(row.out))
-        row.stats.wall_s = time.perf_counter() - row.started
-        row.stats.adapter_version = None if row.adapter is None else row.adapter.version  # at the end, if it changed
-        topk_ids, topk_logprobs = row.trace.stacked(len(row.out))
-        assert row.finish is not None, "an output is made once its row finished"
-        text = cut_at_stop(self.engine.decode(row.out), row.request.stop)
-        logprobs = row.trace.token_logprobs if row.request.logprobs is not None else None
-        top_logprobs = row.trace.top_logprobs if row.request.logprobs else None
-        return GenerationOutput(
-            row.out,
-            text,
-            row.finish,
-            row.stats,
-            list(row.request.prompt_ids),
-            row.trace.proposed,
-            row.trace.accepted,
-            topk_ids,
-            topk_logprobs,
-            logprobs,
-            top_logprobs,
-        )
-
-
-def _extended(proposal: Proposal, tail: list[int]) -> Proposal:
-    """A chain with the grammar's forced tokens `tail` after it (Batch._forced_tails)."""
-    extra = torch.tensor(tail, dtype=torch.long, device=proposal.tokens.device)
-    probs = proposal.probs
-    if probs is not None:  # a sampled chain: each forced token a one-hot draft distribution
-        probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[-1]).to(probs.dtype)])
-    return replace(proposal, tokens=torch.cat([proposal.tokens, extra]), probs=probs, forced=len(tail))
+        return Chunk(emitted[: len(emitted) - cut], row.finish, row.output(self.engine.decode))

@@ -7,11 +7,11 @@ decoding are not stalled behind it (cf. vLLM's chunked prefill).
 
 Prefilling 4,000 tokens of the default model takes seconds on 2 cores. Run at once, it holds every
 decoding row for that long: their time per output token jumps from ~40 ms to seconds for one step.
-Staged, the prompt is fed one chunk of `kv.PREFILL_CHUNK` tokens per batch step into a cache of its
+Staged, the prompt is fed one chunk of `feeding.PREFILL_CHUNK` tokens per batch step into a cache of its
 own, and its row joins the batch when the last chunk is in (its keys and values copied into a row of
 the batch's cache). The others wait one chunk per step instead of the whole prompt.
 
-Exactness: the chunks follow `kv.prefill_chunks`, the same boundaries as a prompt fed at once, and
+Exactness: the chunks follow `feeding.prefill_chunks`, the same boundaries as a prompt fed at once, and
 each is the same single-row forward, so the row's keys and values are bitwise what an unstaged
 prefill gives, and its output stays the target's own. After a prefix-cache hit the chunks are cut
 from the rest of the prompt, as an unstaged prefill after the same hit cuts them; that a split
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 
 
 @dataclass(eq=False)
@@ -59,12 +59,12 @@ class ChunkedPrefill:
     @staticmethod
     def worth_staging(prompt_tokens: int, decoding_rows: int) -> bool:
         """A prompt longer than one chunk, while others decode (alone, it may as well go at once)."""
-        return decoding_rows > 0 and prompt_tokens - 1 > kv.PREFILL_CHUNK
+        return decoding_rows > 0 and prompt_tokens - 1 > feeding.PREFILL_CHUNK
 
     def stage(self, row, hit=None) -> None:
         """Queue a row's prompt; with `hit` (a cached prefix, prefix_cache.py) only the rest is fed."""
         start = 0 if hit is None else hit.length
-        chunks = [slice(start + c.start, start + c.stop) for c in kv.prefill_chunks(len(row.ids) - 1 - start)]
+        chunks = [slice(start + c.start, start + c.stop) for c in feeding.prefill_chunks(len(row.ids) - 1 - start)]
         self._queue.append(_Staged(row, chunks, hit=hit))
 
     def remove(self, row) -> bool:
@@ -90,7 +90,7 @@ class ChunkedPrefill:
             if self.wants_hidden:
                 staged.states.append(staged.hit.states)
         tokens = staged.row.ids[:-1][staged.chunks[staged.fed]]
-        out = kv.feed(self.target, self.cache, [0], [tokens], decoder_only=True, hidden=self.wants_hidden)
+        out = feeding.feed(self.target, self.cache, [0], [tokens], decoder_only=True, hidden=self.wants_hidden)
         if self.wants_hidden:
             staged.states.append(out[1][0])
         staged.fed += 1

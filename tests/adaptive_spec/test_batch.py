@@ -25,9 +25,9 @@ from faults import fails_after
 from tiny import VOCAB, llama, tiny_draft, tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.decoding import batch as batch_module
-from adaptive_spec.decoding.batch import Row
+from adaptive_spec.decoding.row import Row
 from adaptive_spec.outputs.constraints import Constraints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -217,7 +217,7 @@ def assert_row_matches_fresh_prefill(model, cache: kv.BatchCache, row: Row, what
     cached = cache.lengths[row.slot]
     assert cached <= len(row.ids) - 1, f"{what}: {cached} cached positions for a context of {len(row.ids)}"
     fresh = model(input_ids=torch.tensor([row.ids])).logits[0, cached:]  # [tail, vocab]
-    continued = kv.feed(model, copy.deepcopy(cache), [row.slot], [row.ids[cached:]], all_logits=True)[0]
+    continued = feeding.feed(model, copy.deepcopy(cache), [row.slot], [row.ids[cached:]], all_logits=True)[0]
     # Float rounding moves logits by ~1e-5 (other matmul shapes; CI once saw 1.4e-5 on a logit of 0.009);
     # a wrong or stale cache entry moves them by more than 0.1.
     torch.testing.assert_close(continued, fresh, atol=1e-4, rtol=1e-4, msg=lambda m: f"{what} of row {row.slot}: {m}")

@@ -23,7 +23,7 @@ from tiny import llama
 from transformers import LlamaForCausalLM
 
 from adaptive_spec import Engine
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.decoding import batch as batch_module
 from adaptive_spec.kernels import compiled, exact
 
@@ -55,19 +55,19 @@ def test_the_compiled_step_is_exact_and_one_graph_serves_every_shape(compiled_en
 
 
 def test_the_steps_states_are_the_state_layers_outputs_side_by_side(compiled_engine) -> None:
-    """A head reads the target's state layers (kv.state_layers: EAGLE-3's low, middle and last) side by side. The
+    """A head reads the target's state layers (feeding.state_layers: EAGLE-3's low, middle and last) side by side. The
     compiled step taps the layers before the last as it runs (compiled._Tap); its states match the eager
-    forward's outputs of those layers (kv.capture_states), the last block is what its logits came from, and the
+    forward's outputs of those layers (feeding.capture_states), the last block is what its logits came from, and the
     prompt's prefill hands the drafter the same."""
     model = compiled_engine.target
     hidden = model.config.hidden_size
-    assert kv.state_layers(model) == (0, 1)  # two layers: the first, and the last
+    assert feeding.state_layers(model) == (0, 1)  # two layers: the first, and the last
     ids = PROMPTS[3]
     cache = kv.BatchCache.for_model(model)
     cache.add_row()
     with torch.inference_mode():
-        logits, states = kv.feed(model, cache, [0], [ids], all_logits=True, hidden=True)  # compiled
-        with kv.capture_states(model) as captured:
+        logits, states = feeding.feed(model, cache, [0], [ids], all_logits=True, hidden=True)  # compiled
+        with feeding.capture_states(model) as captured:
             model.model(input_ids=torch.tensor([ids]), use_cache=False)  # eager, hooked
         eager = captured[0].float()
         normed = model.lm_head(model.model.norm(states[..., -hidden:]))
@@ -79,22 +79,22 @@ def test_the_steps_states_are_the_state_layers_outputs_side_by_side(compiled_eng
 
 
 def test_one_token_steps_are_padded_for_a_lone_row_only_unless_the_check_asked_for_it(compiled_engine) -> None:
-    step = kv.COMPILED[compiled_engine.target]
+    step = feeding.COMPILED[compiled_engine.target]
     assert not step.pad_plain_steps  # the check passed without padding several rows' plain steps
-    assert kv.compiled_width(step, [1]) == 2  # a [1, 1] input would get a graph of its own
-    assert kv.compiled_width(step, [1, 1, 1]) == 1
-    assert kv.compiled_width(step, [1, 3, 2]) == 3
+    assert feeding.compiled_width(step, [1]) == 2  # a [1, 1] input would get a graph of its own
+    assert feeding.compiled_width(step, [1, 1, 1]) == 1
+    assert feeding.compiled_width(step, [1, 3, 2]) == 3
     step.pad_plain_steps = True
     try:
-        assert kv.compiled_width(step, [1, 1, 1]) == 2
-        assert kv.compiled_width(step, [1, 3]) == 3
+        assert feeding.compiled_width(step, [1, 1, 1]) == 2
+        assert feeding.compiled_width(step, [1, 3]) == 3
     finally:
         step.pad_plain_steps = False
 
 
 def test_make_exact_pads_plain_steps_when_the_check_fails_without(compiled_engine, monkeypatch) -> None:
     model = compiled_engine.target
-    step = kv.COMPILED[model]
+    step = feeding.COMPILED[model]
     reports = []
 
     def check(checked, **kwargs):  # exact only once every one-token step is padded
@@ -129,23 +129,23 @@ def test_compiled_greedy_speculative_and_batched_rows_equal_the_compiled_target_
 
 
 def test_a_prefill_runs_compiled_with_the_same_bits_alone_beside_other_rows_or_split(compiled_engine) -> None:
-    """A prompt's prefill runs through the compiled step (kv._compiled_prefill), whose products differ from
+    """A prompt's prefill runs through the compiled step (feeding._compiled_prefill), whose products differ from
     the eager ones in their last bits: its keys, values and states must be those of the same prompt fed
     alone, fed into a row of a cache that holds others (through a one-row cache of its own), and fed in two
     parts (a cached prefix, then the rest), or the prefix cache would mix bits of two kinds."""
     model = compiled_engine.target
-    step = kv.COMPILED[model]
+    step = feeding.COMPILED[model]
     assert compiled_engine.exactness.prefix_reuse, compiled_engine.exactness.summary()
     prompt = PROMPTS[3]
 
     def prefill(others: list[list[int]], parts: list[list[int]]):
         cache = kv.BatchCache.for_model(model)
         for context in others:
-            kv.feed(model, cache, [cache.add_row()], [context])
+            feeding.feed(model, cache, [cache.add_row()], [context])
         row, states = cache.add_row(), []
         calls = step.calls
         for part in parts:
-            states.append(kv.feed(model, cache, [row], [part], hidden=True)[1][0])
+            states.append(feeding.feed(model, cache, [row], [part], hidden=True)[1][0])
         assert step.calls == calls + len(parts), "the prefill did not run compiled"
         n = cache.lengths[row]
         return [layer[row, :, :n] for layer in cache.keys + cache.values], torch.cat(states)
@@ -168,7 +168,7 @@ def test_prompts_that_arrive_together_are_prefilled_in_one_forward_with_their_ow
     each row's keys and values bitwise those it gets alone, and the outputs those of the target alone. A
     prefill that fails leaves none of the rows in the batch."""
     engine = compiled_engine
-    step = kv.COMPILED[engine.target]
+    step = feeding.COMPILED[engine.target]
     long_prompt = [(5 * i + 1) % 97 for i in range(40)]  # not in the prefix cache yet: 39 tokens to prefill
     assert len(long_prompt) - 1 > batch_module.JOINT_PREFILL_TOKENS >= max(len(p) for p in PROMPTS[:5:2])
     prompts = [PROMPTS[0], PROMPTS[2], long_prompt, PROMPTS[4]]
@@ -196,7 +196,7 @@ def test_prompts_that_arrive_together_are_prefilled_in_one_forward_with_their_ow
         raise RuntimeError("the prefill failed")
 
     batch = engine.new_batch(4)
-    monkeypatch.setattr(kv, "feed", broken)
+    monkeypatch.setattr(feeding, "feed", broken)
     with pytest.raises(RuntimeError, match="the prefill failed"):
         batch.add_many([engine.request(p, max_new_tokens=8) for p in prompts[:2]])
     assert len(batch) == 0 and batch.target_cache.num_rows == 0
@@ -223,8 +223,8 @@ def test_two_models_of_one_architecture_each_run_their_own_compiled_code(tmp_pat
         with torch.inference_mode():
             cache = kv.BatchCache.for_model(model)
             cache.add_row()
-            kv.feed(model, cache, [0], [prompt[:-1]])  # the prompt's prefill, compiled too
-            step = kv.feed(model, cache, [0], [prompt[-1:]], all_logits=True)[0, -1]  # a compiled step
+            feeding.feed(model, cache, [0], [prompt[:-1]])  # the prompt's prefill, compiled too
+            step = feeding.feed(model, cache, [0], [prompt[-1:]], all_logits=True)[0, -1]  # a compiled step
             eager = model(torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(step.float(), eager.float(), atol=0.05, rtol=0.05)
 

@@ -13,7 +13,8 @@ import itertools
 
 import pytest
 
-from adaptive_spec.decoding.dynamic_k import Acceptance, DraftingCosts, DynamicK, StepCosts, expected_tokens
+from adaptive_spec.decoding.dynamic_k import DynamicK
+from adaptive_spec.decoding.estimates import Acceptance, DraftingCosts, StepCosts, expected_tokens
 
 # The module docstring's machine: a target forward over 1 / 2 / 4 / 8 / 16 tokens, in seconds.
 TARGET_S = {1: 0.031, 2: 0.032, 4: 0.047, 8: 0.076, 16: 0.107}

@@ -25,7 +25,7 @@ import torch
 from tiny import MAX_POSITIONS, TARGET_LAYERS, VOCAB, llama, mismatched_draft, tiny_draft, tiny_target
 
 from adaptive_spec import Engine, InputError
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding
 from adaptive_spec.drafters import Drafter, Proposal
 from adaptive_spec.drafters.early_exit import DraftSpecError
 from adaptive_spec.drafters.model import ModelDrafter
@@ -184,7 +184,7 @@ def assert_cache_matches_fresh_prefill(model, cache, row: int, context: list[int
     cached = cache.lengths[row]
     assert cached <= len(context) - 1, f"{what}: the cache holds {cached} positions for a context of {len(context)}"
     fresh = model(input_ids=torch.tensor([context])).logits[0, cached:]  # [tail, vocab]
-    continued = kv.feed(model, copy.deepcopy(cache), [row], [context[cached:]], all_logits=True)[0]
+    continued = feeding.feed(model, copy.deepcopy(cache), [row], [context[cached:]], all_logits=True)[0]
     torch.testing.assert_close(continued, fresh, atol=1e-5, rtol=0, msg=lambda m: f"{what}: {m}")
 
 

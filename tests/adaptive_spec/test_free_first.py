@@ -16,7 +16,7 @@ from adapter_files import make_adapter
 from tiny import tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.decoding.dynamic_k import Acceptance, StepCosts
+from adaptive_spec.decoding.estimates import Acceptance, StepCosts
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.ngram_index import build_ngram_index
 from adaptive_spec.drafters.slots import AdapterSlot

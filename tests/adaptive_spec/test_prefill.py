@@ -3,7 +3,7 @@ step, the other rows keep decoding meanwhile, and every row's output stays the t
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_prefill.py -q
 
-The tiny models hold 256 positions, so the chunk is made 8 tokens here (`kv.PREFILL_CHUNK`, read
+The tiny models hold 256 positions, so the chunk is made 8 tokens here (`feeding.PREFILL_CHUNK`, read
 at every call); the default model's is 512.
 """
 
@@ -14,7 +14,7 @@ import torch
 from tiny import llama, tiny_target
 
 from adaptive_spec import Engine
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,7 +24,7 @@ LONG = [(7 * i + 3) % 100 for i in range(43)]  # 42 tokens of context: chunks 8 
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(kv, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(feeding, "PREFILL_CHUNK", 8)
 
 
 def _decode(engine: Engine, long_at_step: int, budget: int = 12) -> tuple[dict, list[int], object]:

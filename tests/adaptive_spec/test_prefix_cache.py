@@ -22,7 +22,7 @@ import torch
 from tiny import llama
 
 from adaptive_spec import Engine
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.cache.prefix import BLOCK, PrefixCache
 from adaptive_spec.kernels import exact
 
@@ -40,7 +40,7 @@ def bf16_target(seed: int = 0):
 
 def _prefilled(model, ids: list[int]) -> kv.BatchCache:
     cache = kv.BatchCache.for_model(model)
-    kv.feed(model, cache, [cache.add_row()], [ids])
+    feeding.feed(model, cache, [cache.add_row()], [ids])
     return cache
 
 
@@ -109,7 +109,7 @@ def test_a_row_prefilled_after_a_cached_prefix_holds_the_bits_of_a_whole_prefill
     cache = kv.BatchCache.for_model(model)
     row = cache.add_row()
     cache.write_row(row, hit.keys, hit.values)
-    kv.feed(model, cache, [row], [prompt[hit.length :]])
+    feeding.feed(model, cache, [row], [prompt[hit.length :]])
     n = len(prompt)
     assert cache.lengths[row] == n
     for mine, theirs in ((cache.keys, whole.keys), (cache.values, whole.values)):
@@ -208,7 +208,7 @@ def test_bf16_greedy_output_with_cached_prefixes_equals_the_target_alone_without
 
 @pytest.mark.parametrize("kind", ["head", "early-exit:1"])
 def test_batched_rows_and_a_staged_prefill_from_cached_prefixes_equal_the_target_alone(kind, monkeypatch) -> None:
-    monkeypatch.setattr(kv, "PREFILL_CHUNK", 8)  # the long prompts are staged a chunk per step
+    monkeypatch.setattr(feeding, "PREFILL_CHUNK", 8)  # the long prompts are staged a chunk per step
     model = bf16_target()
     alone = Engine(model, None, prefix_cache_mb=0)
     long = SYSTEM + list(range(2, 40))  # 78 tokens

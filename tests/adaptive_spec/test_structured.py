@@ -168,8 +168,8 @@ def alone(engine) -> list[list[int]]:
 
 
 # Fixed k, so every row drafts under its mask at every step; at dynamic k an untrained draft mostly
-# leaves the rows to plain decoding, and what they verify is the bytes their grammar forces (batch.py
-# `_forced_tails`), in the tokenization the grammar library picks, which the target may refuse.
+# leaves the rows to plain decoding, and what they verify is the bytes their grammar forces (row.py
+# `Row.forced_tail`), in the tokenization the grammar library picks, which the target may refuse.
 @pytest.mark.parametrize(("draft", "k"), [("early-exit:4", 3), ("head", 3), ("early-exit:4", None)])
 def test_constrained_greedy_equals_the_target_alone_and_every_output_validates(engine, alone, draft, k):
     speculative = engine if draft == "early-exit:4" else Engine(engine.target, draft, engine.tokenizer)

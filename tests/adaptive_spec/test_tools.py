@@ -307,7 +307,7 @@ def test_where_the_compact_policy_leaves_a_space_optional_the_forced_bytes_go_on
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_the_bytes_a_grammar_forces_are_proposed_with_no_draft_and_kept(engine, temperature):
     """At dynamic k a forced call's fixed bytes (`tool_call>`, `"name": "`, `", "arguments": {"`, each
-    key) are appended to every row's chain for the target to verify (batch.py `_forced_tails`), even
+    key) are appended to every row's chain for the target to verify (row.py `Row.forced_tail`), even
     where the policy leaves this random draft out: nearly all of them come out accepted, and greedy
     output is still the target's alone."""
     dynamic = Engine(engine.target, "early-exit:1", engine.tokenizer)  # k=None: dynamic
@@ -328,7 +328,7 @@ def test_the_bytes_a_grammar_forces_are_proposed_with_no_draft_and_kept(engine, 
 
 
 def test_a_sampled_chain_takes_its_forced_tail_as_one_hot_draft_distributions():
-    from adaptive_spec.decoding.batch import _extended
+    from adaptive_spec.decoding.row import _extended
     from adaptive_spec.drafters import Proposal
 
     probs = torch.softmax(torch.randn(2, 11), dim=-1)

@@ -1,4 +1,4 @@
-"""Tree feeds (`kv.feed(..., trees=...)`, `kv.TreeFeed`, `BatchCache.keep`): one forward scores
+"""Tree feeds (`feeding.feed(..., trees=...)`, `kv.TreeFeed`, `BatchCache.keep`): one forward scores
 every node of a draft tree, each node seeing the context and its own ancestors only.
 
 Run: .venv/bin/python -m pytest tests/adaptive_spec/test_tree_attention.py -q
@@ -15,7 +15,7 @@ import pytest
 import torch
 from tiny import llama
 
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding, kv
 from adaptive_spec.kernels import compiled, exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,14 +42,14 @@ def fresh(model, contexts) -> kv.BatchCache:
     cache = kv.BatchCache.for_model(model)
     cache.row_capacity = len(contexts)
     for context in contexts:
-        kv.feed(model, cache, [cache.add_row()], [context])
+        feeding.feed(model, cache, [cache.add_row()], [context])
     return cache
 
 
 def chain_logits(model, context: list[int], path: list[int]) -> torch.Tensor:
     """The logits after the last token of `path`, fed as a chain after `context`."""
     cache = fresh(model, [context])
-    return kv.feed(model, cache, [0], [path], all_logits=True)[0, -1]
+    return feeding.feed(model, cache, [0], [path], all_logits=True)[0, -1]
 
 
 def test_the_tree_mask_and_positions_follow_the_worked_example() -> None:
@@ -120,7 +120,7 @@ def test_every_node_of_a_tree_scores_as_its_path_fed_as_a_chain(path: str, tmp_p
     parents = [TREE_PARENTS, [-1, 0], TREE_PARENTS]
     cache = fresh(model, CONTEXTS)
     trees = [kv.TreeFeed.from_parents(cache.lengths[row], p) for row, p in enumerate(parents)]
-    logits = kv.feed(model, cache, [0, 1, 2], feeds, all_logits=True, trees=trees)  # [3, width, vocab]
+    logits = feeding.feed(model, cache, [0, 1, 2], feeds, all_logits=True, trees=trees)  # [3, width, vocab]
     width = logits.shape[1]
     for row, (context, feed, row_parents) in enumerate(zip(CONTEXTS, feeds, parents, strict=True)):
         for node in range(len(feed)):
@@ -135,14 +135,14 @@ def test_keeping_a_path_leaves_the_cache_a_chain_would_have_left() -> None:
     context = CONTEXTS[0]
     cache = fresh(model, [context])
     start = cache.lengths[0]
-    kv.feed(model, cache, [0], [TREE], all_logits=True, trees=[kv.TreeFeed.from_parents(start, TREE_PARENTS)])
+    feeding.feed(model, cache, [0], [TREE], all_logits=True, trees=[kv.TreeFeed.from_parents(start, TREE_PARENTS)])
     kept = [0, 2, 5]  # a path: node 2's parent is 0, node 5's parent is 2
     assert path_of(TREE, TREE_PARENTS, 5) == [TREE[i] for i in kept]
     cache.keep(0, start, kept)
     cache.set_length(0, start + len(kept))
-    after_tree = kv.feed(model, cache, [0], [[60]], all_logits=True)[0, -1]
+    after_tree = feeding.feed(model, cache, [0], [[60]], all_logits=True)[0, -1]
     chain = fresh(model, [context + [TREE[i] for i in kept]])
-    assert torch.equal(after_tree, kv.feed(model, chain, [0], [[60]], all_logits=True)[0, -1])
+    assert torch.equal(after_tree, feeding.feed(model, chain, [0], [[60]], all_logits=True)[0, -1])
 
 
 def test_a_bad_tree_is_refused() -> None:
@@ -162,9 +162,9 @@ def test_a_tree_grown_over_several_forwards_sees_its_earlier_ancestors() -> None
     context = CONTEXTS[1]
     cache = fresh(model, [context])
     start = cache.lengths[0]
-    kv.feed(model, cache, [0], [[11, 12]], all_logits=True, trees=[kv.TreeFeed(start, [start, start], [[], []])])
+    feeding.feed(model, cache, [0], [[11, 12]], all_logits=True, trees=[kv.TreeFeed(start, [start, start], [[], []])])
     # slots start (11) and start + 1 (12) are siblings at the same position; now 21 under 11, 22 under 12
     grown = kv.TreeFeed(start, [start + 1, start + 1], [[start], [start + 1]])
-    logits = kv.feed(model, cache, [0], [[21, 22]], all_logits=True, trees=[grown])[0]
+    logits = feeding.feed(model, cache, [0], [[21, 22]], all_logits=True, trees=[grown])[0]
     assert torch.equal(logits[0], chain_logits(model, context, [11, 21]))
     assert torch.equal(logits[1], chain_logits(model, context, [12, 22]))

@@ -33,7 +33,7 @@ from tiny import llama
 from traffic import greedy_records
 
 from adaptive_spec import Engine
-from adaptive_spec.cache import kv
+from adaptive_spec.cache import feeding
 from adaptive_spec.contracts import METADATA_FILE
 from adaptive_spec.formats.adapters import AdapterDir, AdapterError
 from adaptive_spec.formats.record import CorrectionRecord, record_from_output
@@ -116,10 +116,10 @@ def test_the_states_are_the_targets_own_lined_up_as_the_head_reads_them(run):
     # Beside token t the head reads the state at t - 1 (the target's state layers side by side, the last layer's
     # last); zeros before position 0.
     hidden = run.target.config.hidden_size
-    assert head.feature_layers == kv.state_layers(run.target) == (1, 3)
+    assert head.feature_layers == feeding.state_layers(run.target) == (1, 3)
     assert batch.features.shape[-1] == 2 * hidden and batch.states.shape[-1] == hidden
     assert torch.equal(batch.features[0, 1:, hidden:], batch.states[0, :-1]) and not batch.features[0, 0].any()
-    with kv.capture_states(run.target) as captured, torch.no_grad():
+    with feeding.capture_states(run.target) as captured, torch.no_grad():
         run.target.model(input_ids=torch.tensor([example.input_ids.tolist()]), use_cache=False)
     assert torch.allclose(batch.features[0, 1:], captured[0][0, :-1].half().float())  # kept in fp16
     assert len(head.states) == 1 and head.states.forwards == 1  # one target forward, kept with the record
