@@ -53,7 +53,7 @@ def test_ci_runs_the_readme_test_command_and_that_runs_every_group() -> None:
     assert re.search(r"^exec \./run tests$", ci, re.M), ".ci/run calls exactly the README's test command"
     assert "./run tests " in (ROOT / "README.md").read_text()
     run = (ROOT / "run").read_text()
-    groups = re.search(r"^GROUPS=\(\n(.*?)^\)", run, re.M | re.S)
+    groups = re.search(r"^TEST_GROUPS=\(\n(.*?)^\)", run, re.M | re.S)
     assert groups is not None, "run names the groups `./run tests` runs"
     names = re.findall(r'^\s+"(\w+):', groups.group(1), re.M)
     markers = {
