@@ -32,7 +32,7 @@ from adaptive_spec.contracts import DEFAULT_DRAFT, DEFAULT_MODEL
 from adaptive_spec.decoding.batch import Batch
 from adaptive_spec.decoding.dynamic_k import DynamicK
 from adaptive_spec.decoding.request import Chunk, GenerationOutput, Request
-from adaptive_spec.decoding.requests import SEEDED_K, check_request, copies, new_generator
+from adaptive_spec.decoding.requests import SEEDED_K, check_n, check_request, copies, new_generator
 from adaptive_spec.drafters import Drafter
 from adaptive_spec.drafters.build import loaded_drafter, make_drafter, vocab_size
 from adaptive_spec.drafters.slots import AdapterSlot, AdapterSlots, build_slot
@@ -425,6 +425,7 @@ class Engine:
         """`n` requests for one prompt (OpenAI's `n`): the same options, each with its own random
         generator. With a seed s, choice i draws from seed s + i, so choice 0 is the single
         request with that seed and the n choices repeat."""
+        check_n(n)
         return copies(self.request(prompt, *args, **kwargs), n, self.device)
 
     def _grammar(self, response_format):

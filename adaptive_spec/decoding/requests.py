@@ -5,7 +5,7 @@ says what is wrong, never inside a decoding step that other rows share.
                             penalties=(0.5, 0.0, 1.0, {17: -100.0}), logprobs=None, vocab_size=49152)
     checked.params        # SamplingParams(temperature=0.7, top_p=0.95, top_k=0, seed=42)
     checked.penalties     # Penalties(frequency=0.5, presence=0.0, repetition=1.0, bias=((17, -100.0),))
-    copies(request, n=3, device=torch.device("cpu"))   # OpenAI's `n`: choice i draws from seed + i
+    check_n(3); copies(request, n=3, device=torch.device("cpu"))   # OpenAI's `n`: choice i draws from seed + i
 
 `Engine.request` (engine.py) adds what needs the engine: the prompt encoded with its tokenizer, the
 grammar of a `response_format`, its default k and whether it has a draft at all.
@@ -91,12 +91,16 @@ def new_generator(params: SamplingParams, device: torch.device, offset: int = 0)
     return generator
 
 
-def copies(first: Request, n: int, device: torch.device) -> list[Request]:
-    """`n` requests for one prompt (OpenAI's `n`): `first` and copies, each with its own random generator.
-    With a seed s, choice i draws from seed s + i, so choice 0 is the single request with that seed and the
-    n choices repeat."""
+def check_n(n) -> None:
+    """OpenAI's `n`, checked before anything else of the request (its prompt is not encoded for a bad n)."""
     if not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise InputError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+
+
+def copies(first: Request, n: int, device: torch.device) -> list[Request]:
+    """`n` requests for one prompt (OpenAI's `n`, `check_n`ed): `first` and copies, each with its own random
+    generator. With a seed s, choice i draws from seed s + i, so choice 0 is the single request with that seed
+    and the n choices repeat."""
     return [first] + [
         dataclasses.replace(first, generator=new_generator(first.params, device, i) if first.generator else None)
         for i in range(1, n)

@@ -32,7 +32,6 @@ from adaptive_spec.sample.sampling import logits_to_probs
 MAX_FORCED = 16  # grammar-forced tokens appended to a row's chain in one step (each widens the verify)
 
 
-#####ROW
 @dataclass(eq=False)
 class Row:
     """One request in a batch: its context, its place in the caches, and what it has produced."""

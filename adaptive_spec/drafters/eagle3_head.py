@@ -39,6 +39,8 @@ from torch import nn
 from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.formats.eagle3 import LAYER, Eagle3Checkpoint, Eagle3Config, Eagle3FormatError, default_aux_layer_ids
 
+_LLAMA_LINEARS = tuple(f"self_attn.{n}_proj" for n in "qkvo") + tuple(f"mlp.{n}_proj" for n in ("gate", "up", "down"))
+
 
 def aux_layer_ids_for(target) -> tuple[int, ...]:
     """The project's choice of aux layers in vLLM's numbering (the state entering layer i): the inputs of layers
@@ -70,8 +72,19 @@ class Eagle3Head(nn.Module):
                 raise Eagle3FormatError(
                     f"an EAGLE-3 head needs a Llama-family layer; {type(last).__name__} has no {part}"
                 ) from None
+        plain = {f"{part}.weight" for part in (*_LLAMA_LINEARS, "input_layernorm", "post_attention_layernorm")}
+        if set(last.state_dict()) != plain:
+            extra = sorted(set(last.state_dict()) ^ plain)
+            raise Eagle3FormatError(
+                f"an EAGLE-3 head here takes a plain Llama layer; {type(last).__name__} differs: {extra}"
+            )
         reference = next(last.parameters())
         self.aux_layer_ids = tuple(aux_layer_ids_for(target) if aux_layer_ids is None else aux_layer_ids)
+        if len(self.aux_layer_ids) < 2 or list(self.aux_layer_ids) != sorted(set(self.aux_layer_ids)):
+            raise Eagle3FormatError(
+                f"aux layer ids {self.aux_layer_ids}: at least two, rising (vLLM concatenates them in layer order, and "
+                f"a single state would be as wide as a fed-back one)"
+            )
         self.norm_before_residual = norm_before_residual
         self.layer = copy.deepcopy(last)
         attention: Any = self.layer.self_attn
@@ -174,6 +187,7 @@ class Eagle3Head(nn.Module):
             verifier_architectures=tuple(getattr(config, "architectures", None) or ("LlamaForCausalLM",)),
             speculative_tokens=speculative_tokens,
             norm_before_residual=self.norm_before_residual,
+            rope_parameters={k: v for k, v in rope.items() if k != "rope_theta"},
         )
         return Eagle3Checkpoint(eagle3, tensors).with_vocabulary(self.draft_ids.cpu())
 
@@ -185,11 +199,22 @@ class Eagle3Head(nn.Module):
         heads, aux layers), naming what differs. The aux layers are `aux_layer_ids`, else the checkpoint's own, else
         (an original-layout checkpoint names none) vLLM's default for a three-state fc."""
         config, target_config = checkpoint.config, target.config
+        head_dim = (
+            getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads
+        )
+        rope = getattr(target_config, "rope_parameters", None) or {}
         fits = {
             "hidden_size": (config.hidden_size, target_config.hidden_size),
             "target_hidden_size": (config.target_hidden_size, target_config.hidden_size),
             "vocab_size": (config.vocab_size, target_config.vocab_size),
             "num_attention_heads": (config.num_attention_heads, target_config.num_attention_heads),
+            "num_key_value_heads": (config.num_key_value_heads, target_config.num_key_value_heads),
+            "head_dim": (config.head_dim, head_dim),
+            "intermediate_size": (config.intermediate_size, target_config.intermediate_size),
+            "rope_theta": (
+                config.rope_theta,
+                float(rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))),
+            ),
         }
         wrong = {name: pair for name, pair in fits.items() if pair[0] != pair[1]}
         if wrong:
@@ -205,6 +230,13 @@ class Eagle3Head(nn.Module):
             )
         if max(ids) > layers:
             raise Eagle3FormatError(f"aux layer ids {ids}: the target has {layers} decoder layers (ids 0..{layers})")
+        embed = checkpoint.tensors.get("embed_tokens.weight")
+        if embed is not None and not torch.equal(
+            embed.to(target.model.embed_tokens.weight), target.model.embed_tokens.weight
+        ):
+            raise Eagle3FormatError(
+                "the checkpoint's embed_tokens differs from the target's; heads here share the target's"
+            )
         head = cls(target, ids, checkpoint.draft_to_target(), config.norm_before_residual)
         own = {name.removeprefix(LAYER): t for name, t in checkpoint.tensors.items() if name.startswith(LAYER)}
         reference = next(head.parameters())

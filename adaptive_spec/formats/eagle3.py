@@ -28,7 +28,7 @@ uses the head's own embedding unless it equals the target's); the head shares th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,7 @@ class Eagle3Config:
     speculative_tokens: int = 3
     norm_before_residual: bool = False  # False: the layer's residual is the state itself (EAGLE-3, SpecForge)
     hidden_act: str = "silu"
+    rope_parameters: dict = field(default_factory=dict)  # the target's (a scaled RoPE's type and factors), if any
 
     def layer_config(self) -> dict:
         """`transformer_layer_config`: a one-layer Llama config (vLLM builds the head's class from it)."""
@@ -97,7 +98,9 @@ class Eagle3Config:
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,  # transformers before 5 reads this, 5 and later rope_parameters
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": {"rope_type": "default", **self.rope_parameters, "rope_theta": self.rope_theta},
+            # vLLM sizes fc from this (else from eagle_config's ids, else 3 states): written, so k != 3 loads too
+            "num_aux_hidden_states": len(self.aux_layer_ids),
             "attention_bias": False,
             "mlp_bias": False,
             "tie_word_embeddings": False,
@@ -140,6 +143,12 @@ class Eagle3Config:
             raise Eagle3FormatError(f"{where}: speculators_model_type {data['speculators_model_type']!r} is not eagle3")
         speculators = "speculators_config" in data or "transformer_layer_config" in data
         layer = data.get("transformer_layer_config", {}) if speculators else data
+        for name, part in (
+            ("transformer_layer_config", layer),
+            ("speculators_config", data.get("speculators_config", {})),
+        ):
+            if not isinstance(part, dict):
+                raise Eagle3FormatError(f"{where}: {name} is not a JSON object")
         if not speculators and not any("Eagle3" in name for name in data.get("architectures", [])):
             raise Eagle3FormatError(f"{where}: neither a speculators config nor an EAGLE-3 one (architectures)")
         try:
@@ -167,16 +176,24 @@ class Eagle3Config:
                 verifier=str(verifier.get("name_or_path") or ""),
                 verifier_architectures=tuple(verifier.get("architectures") or ()),
                 speculative_tokens=int(methods[0].get("speculative_tokens", 3)),
-                norm_before_residual=bool(data.get("norm_before_residual", layer.get("norm_before_residual", False))),
+                # vLLM reads a speculators config without the field as True, an original one as False
+                norm_before_residual=bool(
+                    data.get("norm_before_residual", layer.get("norm_before_residual", speculators))
+                ),
                 hidden_act=str(layer.get("hidden_act", "silu")),
+                rope_parameters={k: v for k, v in rope.items() if k != "rope_theta"} if isinstance(rope, dict) else {},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise Eagle3FormatError(f"{where}: {type(exc).__name__}: {exc}") from None
         # norm_output means "feed the normed state back" to vLLM and speculators, "norm before the LM head" (as
         # every EAGLE-3 head does) to SpecForge: refused only where it means the former.
         for flag in ("norm_before_fc", "fc_norm", *(("norm_output",) if speculators else ())):
             if data.get(flag) or layer.get(flag):
                 raise Eagle3FormatError(f"{where}: {flag} is set; heads with it are not supported here")
+        if int(layer.get("num_hidden_layers", 1)) != 1:
+            raise Eagle3FormatError(
+                f"{where}: {layer['num_hidden_layers']} draft layers; heads of one layer are read here"
+            )
         if config.hidden_act != "silu":
             raise Eagle3FormatError(f"{where}: hidden_act {config.hidden_act!r}; the Llama layer here is silu")
         return config
@@ -192,6 +209,10 @@ class Eagle3Checkpoint:
         from safetensors.torch import save_file
 
         self.check()
+        if not self.config.verifier:
+            raise Eagle3FormatError(
+                "no verifier: vLLM needs the target's name (speculators_config.verifier.name_or_path)"
+            )
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2) + "\n")
@@ -232,6 +253,11 @@ class Eagle3Checkpoint:
         missing = [name for name in REQUIRED if name not in tensors]
         if missing:
             raise Eagle3FormatError(f"{where}: missing {', '.join(missing)}")
+        deeper = sorted(name for name in tensors if name.startswith("layers.") and not name.startswith(LAYER))
+        if deeper:
+            raise Eagle3FormatError(
+                f"{where}: more than one draft layer ({deeper[0]}, ...); heads of one layer are read here"
+            )
         h, k = (
             config.hidden_size,
             len(config.aux_layer_ids) or tensors["fc.weight"].shape[1] // config.target_hidden_size,
@@ -253,24 +279,23 @@ class Eagle3Checkpoint:
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise Eagle3FormatError(f"{where}: {name} holds NaN or infinite values")
         if config.draft_vocab_size != config.vocab_size or "d2t" in tensors:
-            ids = self.draft_to_target()
+            ids = self.draft_to_target(where)
             if ids.min() < 0 or ids.max() >= config.vocab_size or len(set(ids.tolist())) != len(ids):
                 raise Eagle3FormatError(f"{where}: d2t maps draft ids outside [0, {config.vocab_size}) or twice")
             t2d = tensors.get("t2d")
             if t2d is not None and (t2d.shape != (config.vocab_size,) or not bool(t2d[ids].all())):
                 raise Eagle3FormatError(f"{where}: t2d does not mark the target ids d2t maps to")
 
-    def draft_to_target(self) -> torch.Tensor:
+    def draft_to_target(self, where: str = WEIGHTS_FILE) -> torch.Tensor:
         """[draft_vocab] int64: the target id of each draft id (d2t is an offset; none = the same vocabulary)."""
         d2t = self.tensors.get("d2t")
         if d2t is None:
             if self.config.draft_vocab_size != self.config.vocab_size:
-                raise Eagle3FormatError("d2t: missing, and the draft vocabulary is smaller than the target's")
+                raise Eagle3FormatError(f"{where}: d2t missing, and the draft vocabulary is smaller than the target's")
             return torch.arange(self.config.vocab_size)
         if d2t.shape != (self.config.draft_vocab_size,) or d2t.is_floating_point():
-            raise Eagle3FormatError(
-                f"d2t: {tuple(d2t.shape)} {d2t.dtype}, wanted ({self.config.draft_vocab_size},) int64"
-            )
+            wanted = f"({self.config.draft_vocab_size},) int64"
+            raise Eagle3FormatError(f"{where}: d2t is {tuple(d2t.shape)} {d2t.dtype}, wanted {wanted}")
         return torch.arange(self.config.draft_vocab_size) + d2t.long()
 
     def with_vocabulary(self, target_ids: torch.Tensor) -> Eagle3Checkpoint:

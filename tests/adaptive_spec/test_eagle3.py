@@ -209,3 +209,22 @@ def test_a_directory_that_is_no_eagle3_checkpoint_or_does_not_fit_the_target_is_
     other = tiny_target(0, vocab=target.config.vocab_size + 8)
     with pytest.raises(Eagle3FormatError, match="vocab_size"):
         Eagle3Head.from_checkpoint(other, checkpoint)
+
+
+def test_a_speculators_config_without_norm_before_residual_reads_as_vllm_reads_it_and_two_layers_are_refused(
+    tmp_path,
+) -> None:
+    """vLLM takes a speculators config without `norm_before_residual` as true (an original one as false), and sizes
+    fc from `num_aux_hidden_states`; a head of two draft layers would lose its second here, so it is refused."""
+    _, checkpoint = _written(tmp_path)
+    directory = checkpoint.write(tmp_path / "head")
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    assert config["transformer_layer_config"]["num_aux_hidden_states"] == 2
+    del config["norm_before_residual"]
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    assert Eagle3Checkpoint.read(directory).config.norm_before_residual is True
+    tensors = load_file(directory / WEIGHTS_FILE)
+    tensors["layers.1.input_layernorm.weight"] = torch.ones(64)
+    save_file(tensors, directory / WEIGHTS_FILE)
+    with pytest.raises(Eagle3FormatError, match="more than one draft layer"):
+        Eagle3Checkpoint.read(directory)
