@@ -19,6 +19,7 @@ format) and `model.safetensors` with these tensors, h the head's width, H the ta
     lm_head.weight                           [draft_vocab, h]
     d2t                                      [draft_vocab]  int64: target id = draft id + d2t[draft id]
     t2d                                      [vocab]        bool: which target ids the draft vocabulary holds
+                                                            (neither when the draft vocabulary is the target's)
 
 The original layout names the layer `midlayer.*` and its config `LlamaForCausalLMEagle3` with the layer's fields
 at the top; `read` takes both and gives `layers.0.*`. An `embed_tokens.weight` is kept when present (vLLM then
@@ -299,8 +300,14 @@ class Eagle3Checkpoint:
         return torch.arange(self.config.draft_vocab_size) + d2t.long()
 
     def with_vocabulary(self, target_ids: torch.Tensor) -> Eagle3Checkpoint:
-        """The same checkpoint whose draft id i stands for `target_ids[i]` ([draft_vocab] int64): d2t and t2d."""
-        return replace(self, tensors={**self.tensors, **vocabulary_tensors(target_ids, self.config.vocab_size)})
+        """The same checkpoint whose draft id i stands for `target_ids[i]` ([draft_vocab] int64): d2t and t2d; none
+        when the draft vocabulary is the target's whole vocabulary in order. vLLM 0.32 refuses a d2t there (it makes
+        the mapping's parameter only for a smaller draft vocabulary), and speculators writes none."""
+        tensors = {name: t for name, t in self.tensors.items() if name not in ("d2t", "t2d")}
+        target_ids = target_ids.long().flatten()
+        if not torch.equal(target_ids, torch.arange(self.config.vocab_size)):
+            tensors.update(vocabulary_tensors(target_ids, self.config.vocab_size))
+        return replace(self, tensors=tensors)
 
 
 def vocabulary_tensors(target_ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -228,3 +228,14 @@ def test_a_speculators_config_without_norm_before_residual_reads_as_vllm_reads_i
     save_file(tensors, directory / WEIGHTS_FILE)
     with pytest.raises(Eagle3FormatError, match="more than one draft layer"):
         Eagle3Checkpoint.read(directory)
+
+
+def test_a_head_over_the_whole_vocabulary_writes_no_mapping(tmp_path) -> None:
+    """vLLM 0.32 makes its d2t parameter only for a smaller draft vocabulary and refuses a d2t otherwise (seen with
+    `vllm serve` on the default model); speculators writes none there either."""
+    target = tiny_target(0)
+    head = _random_head(target)
+    checkpoint = head.checkpoint("tiny")
+    assert "d2t" not in checkpoint.tensors and "t2d" not in checkpoint.tensors
+    read = Eagle3Checkpoint.read(checkpoint.write(tmp_path / "head"))
+    assert torch.equal(read.draft_to_target(), torch.arange(target.config.vocab_size))
