@@ -399,7 +399,7 @@ class Engine:
             domain=domain, penalties=penalties, logprobs=logprobs, vocab_size=self.vocab_size,
         )  # fmt: skip
         speculative = checked.speculative and self.drafter is not None
-        k = checked.k if checked.k is not None else self.k
+        k = k if k is not None else self.k
         if k is None and checked.params.seed is not None and not checked.params.greedy:
             # Dynamic k follows measured timings, and a different k consumes the random stream
             # differently: a seeded sample would not repeat. A fixed k makes it repeat (for the

@@ -33,7 +33,6 @@ class Checked:
     """A request's options once checked: what `Request` takes of them."""
 
     params: SamplingParams
-    k: int | None  # as asked (None: dynamic, or the engine's own k)
     stops: tuple[str, ...]
     speculative: bool  # as asked, and k != 0
     penalties: Penalties
@@ -78,7 +77,7 @@ def check_request(
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if any(not isinstance(s, str) or not s for s in stops):
         raise InputError("stop must be a non-empty string or a list of them")
-    return Checked(params, k, stops, bool(speculative) and k != 0, checked_penalties)
+    return Checked(params, stops, bool(speculative) and k != 0, checked_penalties)
 
 
 def new_generator(params: SamplingParams, device: torch.device, offset: int = 0) -> torch.Generator | None:
