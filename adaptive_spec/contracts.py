@@ -98,6 +98,8 @@ def _alias(base: str, domain: str | None) -> str:
 
 CONFIG_FILE = "adapter_config.json"  # PEFT's
 WEIGHTS_FILE = "adapter_model.safetensors"  # PEFT's
+EAGLE3_CONFIG_FILE = "config.json"  # an EAGLE-3 head version is a speculators checkpoint (formats/eagle3.py) ...
+EAGLE3_WEIGHTS_FILE = "model.safetensors"  # ... in place of PEFT's two files, the others beside it as for LoRA
 METADATA_FILE = "adaptive_spec_adapter.json"  # who trained it, from what, and the gate's figures
 CHECKSUM_FILE = "checksum.sha256"  # sha256sum format: `sha256sum -c checksum.sha256` checks the weights and the index
 VOCAB_FILE = "draft_vocab.json"  # optional: {"token_ids": [...]}, the tokens the draft may propose

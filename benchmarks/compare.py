@@ -58,8 +58,8 @@ def parse_draft_list(text: str) -> tuple[str, ...]:
         spec, tree = split_entry(entry)
         try:
             kind = parse_draft_spec(spec).kind
-            if tree is not None and kind != "head":
-                raise DraftSpecError("only a head draft builds trees")
+            if tree is not None and kind not in ("head", "eagle3"):
+                raise DraftSpecError("only a head draft (head, eagle3) builds trees")
         except DraftSpecError as exc:
             raise DraftSpecError(f"{entry!r} is not a draft spec: {exc}") from None
         if kind not in TARGET_DRAFTS:

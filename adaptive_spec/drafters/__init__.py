@@ -162,8 +162,9 @@ class Drafter:
 
         raise AdapterError(f"adapters need a model draft (early-exit:N, head or a separate model), not {self.name}")
 
-    def new_vocab(self):
-        """A fresh view of the draft's LM head for an adapter version (drafters/vocab.py)."""
+    def new_vocab(self, weights=None):
+        """A fresh view of the draft's LM head for an adapter version (drafters/vocab.py); `weights` are the version's
+        (build_weights), for a draft whose versions bring an LM head of their own (an EAGLE-3 head)."""
         from adaptive_spec.formats.adapters import AdapterError
 
         raise AdapterError(f"{self.name} has no vocabulary to restrict")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from adaptive_spec.drafters import Drafter
+from adaptive_spec.drafters.eagle3 import Eagle3Drafter
 from adaptive_spec.drafters.early_exit import build_early_exit
 from adaptive_spec.drafters.free_first import FreeFirstDrafter
 from adaptive_spec.drafters.head import HeadDrafter
@@ -37,9 +38,11 @@ def make_drafter(draft, target, target_vocab: int, device: torch.device) -> Draf
             )
         elif spec.kind == "head":
             drafter = HeadDrafter(target)
+        elif spec.kind == "eagle3":
+            drafter = Eagle3Drafter(target)
         else:
             raise DraftSpecError(
-                f"unknown draft spec {draft!r}: use early-exit:N, head, ngram, ngram:N, ngram+<draft>, or a model "
+                f"unknown draft spec {draft!r}: use early-exit:N, head, eagle3, ngram, ngram:N, ngram+<draft>, or a model "
                 f"(Engine.from_pretrained loads a draft model by name)"
             )
         return FreeFirstDrafter(NgramDrafter(spec.max_ngram, device), drafter) if spec.free_first else drafter

@@ -113,6 +113,15 @@ class DraftHead(nn.Module):
             position_embeddings=rotary,
         )
 
+    @property
+    def state_width(self) -> int:
+        """The width of the target's state it reads: its state layers' outputs side by side."""
+        return self.config.hidden_size * len(self.feature_layers)
+
+    def final_norm(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] predicted states -> what the LM head reads: the target's own final norm."""
+        return self.shared.norm(states)
+
     def reduced(self, features: torch.Tensor) -> torch.Tensor:
         """[..., layers * hidden] target states -> [..., hidden] through `reduce`; the head's own predicted states
         ([..., hidden]) as they are."""

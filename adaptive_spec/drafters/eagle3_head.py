@@ -114,7 +114,8 @@ class Eagle3Head(nn.Module):
         self.register_buffer("draft_ids", ids.to(reference.device), persistent=False)
         self.vocab_size = config.vocab_size
         self.shared = SimpleNamespace(embed=target.model.embed_tokens, rotary=target.model.rotary_emb)
-        self.target_config = config
+        self.target_config = self.config = config  # the target's: the attention implementation is set there
+        self.layer_type = None  # a Llama layer: full attention
 
     def forward(
         self,
@@ -129,7 +130,7 @@ class Eagle3Head(nn.Module):
         mask (training) the attention is causal over the width (the attention function's own, as DraftHead's)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
-        hidden = self.fc(states) if states.shape[-1] != self.fc.out_features else states
+        hidden = self.reduced(states)
         layer: Any = self.layer
         normed = layer.hidden_norm(hidden)
         x = torch.cat([layer.input_layernorm(self.shared.embed(input_ids)), normed], dim=-1)  # [n, width, 2h]
@@ -143,6 +144,20 @@ class Eagle3Head(nn.Module):
         )[0]
         residual = (normed if self.norm_before_residual else hidden) + attended
         return residual + layer.mlp(layer.post_attention_layernorm(residual))
+
+    @property
+    def state_width(self) -> int:
+        """The width of the target's state it reads: the aux states side by side (`fc`'s input)."""
+        return self.fc.in_features
+
+    def reduced(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., k * H] aux states -> [..., h] through `fc`; the head's own states ([..., h]) as they are. The
+        drafter applies it once a step, outside the compiled draft step (drafters/head.py `_feed`)."""
+        return self.fc(states) if states.shape[-1] != self.fc.out_features else states
+
+    def final_norm(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., h] pre-norm states -> what the LM head reads: the head's own final norm."""
+        return self.norm(states)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., h] pre-norm states -> [..., draft_vocab], through the head's own norm and LM head."""

@@ -65,8 +65,8 @@ class FreeFirstDrafter(Drafter):
     def build_weights(self, config, tensors):
         return self.model.build_weights(config, tensors)
 
-    def new_vocab(self):
-        return self.model.new_vocab()
+    def new_vocab(self, weights=None):
+        return self.model.new_vocab(weights)
 
     def free_proposals(self, rows: Sequence[DraftRow], limits: list[int]) -> list[list[int]]:
         """Each row's free proposal of at most `limits[i]` tokens: [] where it has no match worth a

@@ -27,6 +27,7 @@ from torch import nn
 from adaptive_spec.cache import kv
 from adaptive_spec.drafters import Drafter, DraftRow, Proposal, by_adapter, no_proposal
 from adaptive_spec.drafters.draft_head import DraftHead
+from adaptive_spec.drafters.eagle3_head import Eagle3Head
 from adaptive_spec.drafters.tree import TOPK, RowTree
 from adaptive_spec.drafters.vocab import DraftVocab, draft_logits, greedy_picks
 from adaptive_spec.kernels import compiled, exact
@@ -38,13 +39,13 @@ _FUSE_KEY = re.compile(r"^(?:base_model\.model\.)?fuse(?:\.modules_to_save\.[^.]
 _REDUCE_KEY = re.compile(r"^(?:base_model\.model\.)?reduce(?:\.modules_to_save\.[^.]+)?\.weight$")
 
 
-def _head_step(head: DraftHead, ids, features, positions, mask, cache, vocab_rows, vocab_bias, columns):
+def _head_step(head: DraftHead | Eagle3Head, ids, features, positions, mask, cache, vocab_rows, vocab_bias, columns):
     """A draft step: the head's predicted states at `columns` [n, c, hidden], the draft vocabulary's logits there
     [n, c, n_vocab], and their greedy picks [n, c] (vocab.greedy_picks). What HeadDrafter.compile compiles: the
     head version and the vocabulary's rows are arguments, so their weights are the graph's inputs; the norm,
     the LM head's rows and the argmax run in the graph, not as a dozen small eager operations after it."""
     states = head(ids, features, positions, mask, cache).index_select(1, columns)
-    logits = draft_logits(head.shared.norm(states), vocab_rows, vocab_bias)
+    logits = draft_logits(head.final_norm(states), vocab_rows, vocab_bias)
     return states, logits, greedy_picks(logits)
 
 
@@ -96,13 +97,18 @@ class HeadDrafter(Drafter):
     builds_trees = True
 
     def __init__(self, target, name: str = "head"):
-        self.head = DraftHead(target).eval().requires_grad_(False)  # reads the states as feeding.feed gives them
+        self.head: DraftHead | Eagle3Head = self.base_head(target).eval().requires_grad_(False)
         exact.draft_products(self.head)  # its own linears (fuse, layer) may take the fast bf16 product
         self.name = name
         self.device = next(self.head.parameters()).device
+        self.dtype = next(self.head.parameters()).dtype
         self.vocab = self.new_vocab()
         self._compiled: Callable | None = None  # _head_step through compiled.draft_forward, once compile() ran
         self._columns: dict[tuple[int, bool], torch.Tensor] = {}  # (width, every column) -> _head_step's columns
+
+    def base_head(self, target) -> DraftHead | Eagle3Head:
+        """The head before any trained version: it reads the target's states as feeding.feed gives them."""
+        return DraftHead(target)
 
     def compile(self) -> None:
         """Run the draft steps' forwards compiled from now on, every head version through the same code, and
@@ -114,7 +120,7 @@ class HeadDrafter(Drafter):
         self._compiled = compiled.draft_forward(_head_step)
         cache = self.new_cache()
         first, _, third = (cache.add_row() for _ in range(3))
-        zeros = torch.zeros(2, self.head.config.hidden_size, dtype=self.head.fuse.weight.dtype, device=self.device)
+        zeros = torch.zeros(2, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
         with torch.inference_mode():
             self._feed(self.head, self.vocab, cache, [first], [[0, 0]], [zeros])
             self._feed(self.head, self.vocab, cache, [first], [[0]], [zeros[:1]])
@@ -126,7 +132,7 @@ class HeadDrafter(Drafter):
             cache.window = getattr(self.head.config, "sliding_window", None)  # as the layer it copies sees
         return cache
 
-    def new_vocab(self) -> DraftVocab:
+    def new_vocab(self, weights=None) -> DraftVocab:
         return DraftVocab(self.head.shared.lm_head)
 
     def models(self) -> list[nn.Module]:
@@ -152,12 +158,13 @@ class HeadDrafter(Drafter):
                 row.draft_state.append(kept_hidden)
         cache.set_length(row.slot, min(cache.lengths[row.slot], before))
 
-    def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> DraftHead:
+    def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> DraftHead | Eagle3Head:
         """A head version, ready to decode with. Raises AdapterError if it does not fit this head."""
-        from adaptive_spec.formats import adapters
+        from adaptive_spec.formats import adapters, lora
 
+        assert isinstance(self.head, DraftHead)
         fuse = {key: t for key, t in tensors.items() if _FUSE_KEY.match(key)}
-        pairs = adapters.lora_pairs(
+        pairs = lora.lora_pairs(
             config, {key: t for key, t in tensors.items() if key not in fuse and not _REDUCE_KEY.match(key)}
         )
         modules = dict(self.head.named_modules())
@@ -300,13 +307,13 @@ class HeadDrafter(Drafter):
         """The target's states at positions start - 1 .. len(ids) - 2: the inputs beside tokens
         start .. len(ids) - 1. A row whose prompt is one token has none yet (zeros before it)."""
         if row.draft_state is None:
-            wide = self.head.config.hidden_size * len(self.head.feature_layers)
-            return torch.zeros(len(row.ids) - start, wide, dtype=self.head.fuse.weight.dtype, device=self.device)
+            wide = self.head.state_width
+            return torch.zeros(len(row.ids) - start, wide, dtype=self.dtype, device=self.device)
         return row.draft_state.get(start - 1, len(row.ids) - 1)
 
     def _feed(
         self,
-        head: DraftHead,
+        head: DraftHead | Eagle3Head,
         vocab: DraftVocab,
         cache: kv.BatchCache,
         slots: list[int],

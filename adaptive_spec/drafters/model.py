@@ -40,7 +40,7 @@ class ModelDrafter(Drafter):
     def new_cache(self) -> kv.BatchCache:
         return kv.BatchCache.for_model(self.model)
 
-    def new_vocab(self) -> DraftVocab:
+    def new_vocab(self, weights=None) -> DraftVocab:
         return DraftVocab(self.model.get_output_embeddings())
 
     def models(self) -> list[torch.nn.Module]:
@@ -48,14 +48,14 @@ class ModelDrafter(Drafter):
 
     def build_weights(self, config: dict, tensors: dict[str, torch.Tensor]) -> torch.nn.ModuleList:
         """An adapter's weights, ready to decode with: a copy of the base layers with its LoRA
-        merged in (`adapters.merge_into_slot`). Raises AdapterError if it does not fit."""
-        from adaptive_spec.formats import adapters
+        merged in (`lora.merge_into_slot`). Raises AdapterError if it does not fit."""
+        from adaptive_spec.formats import adapters, lora
 
         if self.base_layers is None:
             raise adapters.AdapterError("this draft model has no decoder layers at model.layers to adapt")
-        pairs = adapters.lora_pairs(config, tensors)
-        adapters.check(self.model, pairs)
-        return adapters.merge_into_slot(self.base_layers, pairs)
+        pairs = lora.lora_pairs(config, tensors)
+        lora.check(self.model, pairs)
+        return lora.merge_into_slot(self.base_layers, pairs)
 
     @contextmanager
     def using(self, adapter):

@@ -101,7 +101,7 @@ def build_slot(
     with _one_torch_thread() if one_thread else nullcontext():
         config, tensors, metadata = adapters.read_adapter(path)
         weights = drafter.build_weights(config, tensors)
-        vocab = drafter.new_vocab()
+        vocab = drafter.new_vocab(weights)
         vocab.restrict(adapters.read_vocab(path, vocab_size))
         ngrams = adapters.read_ngrams(path, vocab_size)
     version = version or (str(metadata.version) if metadata.version is not None else Path(path).name)

@@ -4,6 +4,7 @@
     parse_draft_spec("ngram")          # DraftSpec(kind="ngram", max_ngram=3)
     parse_draft_spec("ngram:2")        # DraftSpec(kind="ngram", max_ngram=2)
     parse_draft_spec("head")           # DraftSpec(kind="head"): one layer over the target's hidden state
+    parse_draft_spec("eagle3")         # DraftSpec(kind="eagle3"): a head in the standard EAGLE-3 layout
     parse_draft_spec("ngram+head")     # DraftSpec(kind="head", free_first=True): prompt lookup first
     parse_draft_spec("./my-draft")     # DraftSpec(kind="model", source="./my-draft"), loaded by name
 
@@ -24,7 +25,7 @@ class DraftSpecError(ValueError):
 
 @dataclass(frozen=True)
 class DraftSpec:
-    kind: str  # "early-exit", "head", "ngram" or "model"
+    kind: str  # "early-exit", "head", "eagle3", "ngram" or "model"
     layers: int = 0  # early-exit: how many of the target's layers
     max_ngram: int = 0  # ngram: the longest n-gram looked up
     source: str = ""  # model: a Hugging Face id, a local directory or a .gguf file
@@ -42,8 +43,8 @@ class DraftSpec:
             return f"early-exit:{self.layers}"
         if self.kind == "ngram":
             return "ngram" if self.max_ngram == DEFAULT_NGRAM else f"ngram:{self.max_ngram}"
-        if self.kind == "head":
-            return "head"
+        if self.kind in ("head", "eagle3"):
+            return self.kind
         return self.source
 
 
@@ -61,8 +62,8 @@ def parse_draft_spec(spec: str) -> DraftSpec:
         if not arg.isdigit():  # the range (1 <= N < the target's layers) is checked against the target
             raise DraftSpecError(f"early-exit needs a layer count, e.g. early-exit:4; got {spec!r}")
         return DraftSpec("early-exit", layers=int(arg))
-    if spec == "head":
-        return DraftSpec("head")
+    if spec in ("head", "eagle3"):
+        return DraftSpec(spec)
     if kind == "ngram":
         if sep and not (arg.isdigit() and int(arg) >= 1):
             raise DraftSpecError(f"ngram:N needs N >= 1, the longest n-gram to look up; got {spec!r}")

@@ -19,25 +19,34 @@ from adaptive_spec.sample.sampling import logits_to_probs, sample
 
 
 class DraftVocab:
-    def __init__(self, lm_head: torch.nn.Module):
+    """`lm_head`'s rows are the target's tokens `row_ids` ([rows] int64, rising), or with None the whole vocabulary
+    in order (the target's own LM head). An EAGLE-3 head has an LM head of its own over a draft vocabulary of fixed
+    size (`Eagle3Head.draft_ids`: what its checkpoint's d2t maps), and proposes only those tokens."""
+
+    def __init__(self, lm_head: torch.nn.Module, row_ids: torch.Tensor | None = None, full_size: int | None = None):
         self.lm_head = lm_head
-        self.weight = cast(torch.Tensor, lm_head.weight)  # [full_size, hidden]
-        self.full_size = int(self.weight.shape[0])
+        self.weight = cast(torch.Tensor, lm_head.weight)  # [rows, hidden]
+        self.full_size = int(self.weight.shape[0] if full_size is None else full_size)  # the target's vocabulary
+        self.row_ids = None if row_ids is None else row_ids.long().to(self.weight.device)  # [rows]
         self.ids: torch.Tensor | None = None  # [n_vocab] token ids the draft may propose; None = all
         self._rows: torch.Tensor | None = None  # [n_vocab, hidden] the LM head's rows for them
         self._id_list: list[int] | None = None  # ids, as Python numbers: a choice's token without a tensor op
+        self.restrict(None)
 
     def restrict(self, token_ids) -> None:
-        """Propose only these tokens (None: any), computing just their rows of the LM head.
+        """Propose only these tokens (None: any the LM head has), computing just their rows of the LM head.
 
         The default model's head has 49152 rows, about a third of an `early-exit:4` step. Traffic
         of one kind uses far fewer tokens: restricted to the 1,200 a domain's records used, the
         head costs 1/40 of that. It stays lossless: the target still verifies every token, and a
         token outside the set is simply never proposed (under sampling, the draft's distribution
-        is the restricted one, which rejection sampling corrects like any other).
+        is the restricted one, which rejection sampling corrects like any other). With `row_ids`, the
+        tokens kept are those of the set that the LM head has.
         """
         if token_ids is None:
-            self.ids = self._rows = self._id_list = None
+            self._rows = None
+            self.ids = self.row_ids
+            self._id_list = None if self.row_ids is None else self.row_ids.tolist()
             return
         device = self.weight.device
         ids = torch.as_tensor(sorted({int(t) for t in token_ids}), dtype=torch.long, device=device)
@@ -45,11 +54,19 @@ class DraftVocab:
             raise ValueError(f"a draft vocabulary must be non-empty ids in [0, {self.full_size})")
         if getattr(self.lm_head, "bias", None) is not None:
             raise ValueError("restricting the vocabulary needs an LM head without bias")
-        self._rows = self.weight[ids].contiguous()
+        rows = ids
+        if self.row_ids is not None:  # the rows of those ids the head has
+            at = torch.searchsorted(self.row_ids, ids).clamp_max(len(self.row_ids) - 1)
+            held = self.row_ids[at] == ids
+            if not bool(held.any()):
+                raise ValueError("a draft vocabulary must share some ids with the draft's LM head")
+            ids, rows = ids[held], at[held]
+        self._rows = self.weight[rows].contiguous()
         self.ids, self._id_list = ids, ids.tolist()
 
     @property
     def restricted(self) -> bool:
+        """Whether the draft proposes fewer tokens than the target has."""
         return self.ids is not None
 
     @property

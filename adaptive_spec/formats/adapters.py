@@ -7,8 +7,9 @@ slot, swapped between steps.
     version.metadata().gate             # who trained it, from what, and the gate's figures (adapter_metadata.py)
     engine.load_adapter(version.path)   # read_adapter -> lora_pairs -> check -> merge_into_slot
 
-An adapter version is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`)
-plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256` (sha256sum format), and optionally
+An adapter version is a standard PEFT directory (`adapter_config.json`, `adapter_model.safetensors`), or for
+an EAGLE-3 head (`--draft eagle3`) a speculators checkpoint (`config.json`, `model.safetensors`, formats/eagle3.py:
+what vLLM and SGLang load as it is), plus `adaptive_spec_adapter.json` (metadata), `checksum.sha256` (sha256sum format), and optionally
 `draft_vocab.json`: the tokens recent traffic used, to which the draft's LM head is restricted
 while this adapter is served (`DraftVocab.restrict`), and `draft_ngrams.json`: the
 n-gram index of the lineage's recent outputs that free drafts copy from (drafters/ngram_index.py,
@@ -40,7 +41,6 @@ Outputs stay lossless whatever the draft's weights, because the target verifies 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import hmac
 import json
@@ -49,11 +49,12 @@ import re
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from adaptive_spec.contracts import (
     CHECKSUM_FILE,
     CONFIG_FILE,
+    EAGLE3_CONFIG_FILE,
+    EAGLE3_WEIGHTS_FILE,
     METADATA_FILE,
     NGRAMS_FILE,
     NGRAMS_SHA_KEY,
@@ -65,7 +66,6 @@ from adaptive_spec.contracts import (
 )
 from adaptive_spec.formats.adapter_metadata import AdapterMetadata, MetadataError
 
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 _VERSION_DIR = re.compile(r"v(\d+)")
 
 REASONS = ("missing", "checksum", "corrupt", "incompatible", "signature")
@@ -113,8 +113,19 @@ class AdapterDir:
         return self.path.name
 
     @property
+    def standard(self) -> bool:
+        """Whether this is an EAGLE-3 head version: a speculators checkpoint's config.json and model.safetensors in
+        place of PEFT's adapter_config.json and adapter_model.safetensors; every other file, and every check, the
+        same."""
+        return not (self.path / CONFIG_FILE).is_file() and (self.path / EAGLE3_CONFIG_FILE).is_file()
+
+    @property
     def weights(self) -> Path:
-        return self.path / WEIGHTS_FILE
+        return self.path / (EAGLE3_WEIGHTS_FILE if self.standard else WEIGHTS_FILE)
+
+    @property
+    def config(self) -> Path:
+        return self.path / (EAGLE3_CONFIG_FILE if self.standard else CONFIG_FILE)
 
     @property
     def ngrams_file(self) -> Path:
@@ -131,14 +142,14 @@ class AdapterDir:
         index or a vocabulary): write checksum.sha256, one line per file it covers, and the metadata
         (with `fields` merged in, adapter_sha256, ngrams_sha256 and vocab_sha256 set). Returns the
         weights' sha256."""
-        digests = {WEIGHTS_FILE: sha256_file(self.weights)}
+        digests = {self.weights.name: sha256_file(self.weights)}
         shipped = {}
         for file, key in ((self.ngrams_file, NGRAMS_SHA_KEY), (self.vocab_file, VOCAB_SHA_KEY)):
             if file.is_file():
                 digests[file.name] = shipped[key] = sha256_file(file)
         (self.path / CHECKSUM_FILE).write_text("".join(f"{digest}  {name}\n" for name, digest in digests.items()))
-        self.update_metadata(**{**fields, SHA_TAG: digests[WEIGHTS_FILE], **shipped})
-        return digests[WEIGHTS_FILE]
+        self.update_metadata(**{**fields, SHA_TAG: digests[self.weights.name], **shipped})
+        return digests[self.weights.name]
 
     def update_metadata(self, **fields) -> AdapterMetadata:
         """The metadata with `fields` set, written back; every other key kept as it was."""
@@ -177,7 +188,9 @@ class AdapterDir:
         Last, every weight must be a finite number (`_check_finite`, reason "corrupt").
         """
         missing = AdapterError(
-            f"{self.path}: not an adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})", "missing"
+            f"{self.path}: not an adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}, or an EAGLE-3 head's "
+            f"{EAGLE3_CONFIG_FILE} and {EAGLE3_WEIGHTS_FILE})",
+            "missing",
         )
         if not self.weights.is_file():
             raise missing
@@ -187,12 +200,12 @@ class AdapterDir:
         listed, metadata = self.checksums(), self.metadata()
         actual = sha256_file(self.weights)
         claims = {
-            CHECKSUM_FILE: listed.get(WEIGHTS_FILE, "") if sealed else None,
+            CHECKSUM_FILE: listed.get(self.weights.name, "") if sealed else None,
             METADATA_FILE: metadata.adapter_sha256,
             "the registry": expected_sha256,
         }
         check_claims(self.weights, actual, claims)
-        if not (self.path / CONFIG_FILE).is_file():  # after the checksum: corrupt weights say more than a lost config
+        if not self.config.is_file():  # after the checksum: corrupt weights say more than a lost config
             raise missing
         self._verify_shipped(self.ngrams_file, metadata.ngrams_sha256, listed, must_be_listed=sealed)
         self._verify_shipped(self.vocab_file, metadata.vocab_sha256, listed, must_be_listed=False)
@@ -235,7 +248,7 @@ class AdapterDir:
 
     def signed_manifest(self) -> bytes:
         """What a signature covers: checksum.sha256 (the weights, the n-gram index, the vocabulary), the
-        sha256 of adapter_config.json, and the metadata's target, draft and domain. Whoever can write to
+        sha256 of adapter_config.json (an EAGLE-3 head's config.json), and the metadata's target, draft and domain. Whoever can write to
         MLflow can rewrite all of them and the checksums with them; only the key's holder can sign the result.
 
         Example (one line each): "adaptive-spec adapter manifest 1", "9f2c...  adapter_model.safetensors",
@@ -243,7 +256,7 @@ class AdapterDir:
         metadata = self.metadata()
         signed = (("target_id", metadata.target_id), ("draft_id", metadata.draft_id), ("domain", metadata.domain))
         checksum = self.path / CHECKSUM_FILE
-        config = self.path / CONFIG_FILE
+        config = self.config
         lines = [
             "adaptive-spec adapter manifest 1",
             checksum.read_text(errors="replace").rstrip("\n") if checksum.is_file() else "",
@@ -283,7 +296,7 @@ class AdapterDir:
         for line in file.read_text(errors="replace").splitlines():
             digest, _, name = line.strip().partition(" ")
             if digest:
-                listed[name.strip().lstrip("*") or WEIGHTS_FILE] = digest
+                listed[name.strip().lstrip("*") or self.weights.name] = digest
         return listed
 
     def check_models(self, target_id: str, draft_id: str) -> None:
@@ -294,13 +307,14 @@ class AdapterDir:
         )
 
     def read(self) -> tuple[dict, dict[str, torch.Tensor], AdapterMetadata]:
-        """(adapter_config, LoRA tensors, metadata), verified (checksum.sha256 optional)."""
+        """(adapter_config, LoRA tensors, metadata), or an EAGLE-3 head's (config.json, its tensors, metadata),
+        verified (checksum.sha256 optional)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         self.verify(require_checksum=False)
         try:
-            config = json.loads((self.path / CONFIG_FILE).read_text())
+            config = json.loads(self.config.read_text())
             tensors = load_file(str(self.weights))
         except (json.JSONDecodeError, SafetensorError, OSError, UnicodeDecodeError) as exc:
             raise AdapterError(f"{self.path}: unreadable adapter: {exc}", "corrupt") from None
@@ -370,65 +384,6 @@ def trainer_versions(adapters_dir: str | Path) -> dict[int, AdapterDir]:
 def read_adapter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], AdapterMetadata]:
     """(adapter_config, LoRA tensors, metadata) from a directory, with the checksum verified."""
     return AdapterDir(path).read()
-
-
-def lora_pairs(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
-    """module name -> (A [r, in], B [out, r], scaling), checked against the config."""
-    if config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"only LoRA adapters are supported, got {config.get('peft_type')!r}")
-    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise AdapterError("DoRA and per-module rank/alpha patterns are not supported")
-    rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", 0))
-    if rank <= 0:
-        raise AdapterError(f"adapter rank must be positive, got {rank}")
-    scaling = alpha / (rank**0.5 if config.get("use_rslora") else rank)
-    parts: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        match = _KEY.match(key)
-        if match is None:
-            raise AdapterError(f"unexpected tensor {key!r}: this adapter trains more than LoRA matrices")
-        parts.setdefault(match["module"], {})[match["part"]] = tensor
-    pairs = {}
-    for module, ab in parts.items():
-        if set(ab) != {"A", "B"}:
-            raise AdapterError(f"{module}: needs both lora_A and lora_B")
-        if ab["A"].shape[0] != rank or ab["B"].shape[1] != rank:
-            raise AdapterError(
-                f"{module}: LoRA shapes {tuple(ab['A'].shape)} / {tuple(ab['B'].shape)} do not match r={rank}"
-            )
-        pairs[module] = (ab["A"], ab["B"], scaling)
-    if not pairs:
-        raise AdapterError("the adapter holds no LoRA weights")
-    return pairs
-
-
-def check(draft: nn.Module, pairs: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
-    """Every LoRA pair must sit on a Linear of the draft's own layers, with matching shapes."""
-    modules = dict(draft.named_modules())
-    for name, (lora_a, lora_b, _) in pairs.items():
-        if not name.startswith("model.layers."):
-            raise AdapterError(f"{name}: adapters may only touch the draft's own layers (model.layers.*)")
-        module = modules.get(name)
-        if not isinstance(module, nn.Linear):
-            layers = sum(1 for path in modules if re.fullmatch(r"model\.layers\.\d+", path))
-            raise AdapterError(f"{name}: no such linear module in this draft ({layers} layers)")
-        if lora_a.shape[1] != module.in_features or lora_b.shape[0] != module.out_features:
-            raise AdapterError(
-                f"{name}: adapter is {lora_b.shape[0]}x{lora_a.shape[1]}, the module is "
-                f"{module.out_features}x{module.in_features}"
-            )
-
-
-def merge_into_slot(base_layers: nn.ModuleList, pairs) -> nn.ModuleList:
-    """A copy of the base layers with each LoRA delta merged: W + scaling * B @ A."""
-    slot = copy.deepcopy(base_layers)
-    modules = dict(slot.named_modules())
-    with torch.no_grad():
-        for name, (lora_a, lora_b, scaling) in pairs.items():
-            linear = modules[name.removeprefix("model.layers.")]
-            delta = (lora_b.float() @ lora_a.float()) * scaling  # [out, in]
-            linear.weight += delta.to(device=linear.weight.device, dtype=linear.weight.dtype)
-    return slot.requires_grad_(False)
 
 
 def read_vocab(path: str | Path, vocab_size: int) -> list[int] | None:

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+from adaptive_spec.contracts import EAGLE3_CONFIG_FILE as CONFIG_FILE
+from adaptive_spec.contracts import EAGLE3_WEIGHTS_FILE as WEIGHTS_FILE
+
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes
 LAYER = "layers.0."
 _ORIGINAL_LAYER = "midlayer."
@@ -243,9 +244,15 @@ class Eagle3Checkpoint:
             raw = load_file(weights_path)
         except (OSError, SafetensorError) as exc:
             raise Eagle3FormatError(f"{weights_path}: not a safetensors file ({exc})") from None
-        tensors = {_standard_name(name): tensor for name, tensor in raw.items()}
-        checkpoint = cls(Eagle3Config.from_json(data, str(config_path)), tensors)
-        checkpoint.check(str(weights_path))
+        return cls.from_parts(data, raw, str(directory))
+
+    @classmethod
+    def from_parts(cls, config: dict, tensors: dict[str, torch.Tensor], where: str = ".") -> Eagle3Checkpoint:
+        """A checkpoint from config.json's object and model.safetensors' tensors, read already (an adapter version's
+        files, formats/adapters.py); names normalized and `check`ed. Errors name `where`/config.json and the rest."""
+        standard = {_standard_name(name): tensor for name, tensor in tensors.items()}
+        checkpoint = cls(Eagle3Config.from_json(config, f"{where}/{CONFIG_FILE}"), standard)
+        checkpoint.check(f"{where}/{WEIGHTS_FILE}")
         return checkpoint
 
     def check(self, where: str = WEIGHTS_FILE) -> None:

@@ -374,3 +374,21 @@ def test_draft_trees_through_the_compiled_head_equal_the_compiled_target_alone(c
     assert sum(out.stats.drafted for out in outputs) > 0
     assert any(siblings), "no depth of a tree went through the compiled head"
     assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "a tree's feed compiled the head again"
+
+
+def test_an_eagle3_head_drafts_through_the_compiled_step_and_rows_equal_the_compiled_target_alone(
+    tmp_path, kernels
+) -> None:
+    """The EAGLE-3 head (drafters/eagle3.py) goes through the head's compiled draft step: its own final norm and
+    LM head are inputs of the same graph as the project's head's (head.py `_head_step`)."""
+    torch._dynamo.reset()
+    model = llama(0, init=0.02, layers=2).to(torch.bfloat16)
+    engine = Engine(model, "eagle3", compile=True, compile_dir=tmp_path / "compile")
+    assert engine.path == "compiled" and engine.drafter._compiled is not None
+    baseline = [
+        engine.generate(p, max_new_tokens=b, speculative=False).token_ids for p, b in zip(PROMPTS, BUDGETS, strict=True)
+    ]
+    outputs = engine.generate_batch(PROMPTS, max_new_tokens=max(BUDGETS), max_batch=3, k=3)
+    for i, (out, budget) in enumerate(zip(outputs, BUDGETS, strict=True)):
+        assert out.token_ids[:budget] == baseline[i], f"prompt {i} batched"
+    assert sum(out.stats.drafted for out in outputs) > 0

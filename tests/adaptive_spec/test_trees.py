@@ -58,7 +58,7 @@ def run(engine: Engine, k, max_batch: int = 3) -> list:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("draft", ["head", "ngram+head"])
+@pytest.mark.parametrize("draft", ["head", "ngram+head", "eagle3"])
 def test_tree_drafts_are_lossless_alone_and_batched(dtype, draft: str) -> None:
     model = (tiny_target(0) if dtype == torch.float32 else llama(0, init=0.02)).to(dtype)
     alone = Engine(model, None)

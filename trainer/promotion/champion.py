@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from adaptive_spec.contracts import SHA_TAG, WEIGHTS_FILE, version_dir_name
+from adaptive_spec.contracts import SHA_TAG, version_dir_name
 from adaptive_spec.formats.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.formats.record import CorrectionRecord
 from registry.client import AdapterRegistry, ServedChampion
@@ -220,7 +220,7 @@ class Champion:
         if "champion_sha256" in state:
             self.sha256 = state["champion_sha256"]
         elif self.path is not None:  # a format-1 checkpoint need not hold it: the weights tell
-            self.sha256 = sha256_file(self.path / WEIGHTS_FILE)
+            self.sha256 = sha256_file(AdapterDir(self.path).weights)
         self.registry_champion = state.get("registry_champion")
         self.registry_versions = dict(state.get("registry_versions") or {})
         self.adoptions = state.get("adoptions", 0)
