@@ -10,6 +10,7 @@ building the command line's parser loads no trainer code.
 | field | environment | default |
 |---|---|---|
 | target, draft, dtype, device | ADAPTIVE_SPEC_TARGET, _DRAFT, _DTYPE, _DEVICE | the built-in model, the head draft, auto |
+| draft_vocab_size | ADAPTIVE_SPEC_DRAFT_VOCAB_SIZE | 4096: the tokens an `eagle3` head drafts over, the same for every version of a deployment (capped at the target's vocabulary: all of it, no d2t), chosen by the traffic (trainer/learning/eagle3_vocab.py) |
 | autocast | ADAPTIVE_SPEC_AUTOCAST | auto: a training step's forwards under bf16 autocast where the weights are fp32, the model is at least 256 wide and the device computes bf16 natively (trainer/learning/distill.py `training_autocast`); bf16; off |
 | data_dir | ADAPTIVE_SPEC_DATA_DIR | ./.adaptive-spec: adapters, checkpoints, the default MLflow store |
 | redis_url | REDIS_URL | none: the trainer refuses to start |
@@ -50,6 +51,7 @@ class TrainerSettings(ModelOptions, EnvSettings):
     consumer: str | None = None  # stable across restarts: None = "trainer-<hostname>"
     threads: int | None = None  # torch threads; None keeps torch's default
     autocast: str = "auto"  # bf16 autocast of training forwards: auto, bf16 or off (LoraSettings.autocast)
+    draft_vocab_size: int = 4096  # an eagle3 head's draft vocabulary, one size for every version (eagle3_vocab.py)
     budget_s: float | None = None  # stop after this much wall time; None = until a signal
     checkpoint_every_s: float = 30.0
     min_new_records: int = 16  # new training records before a round
@@ -70,6 +72,8 @@ class TrainerSettings(ModelOptions, EnvSettings):
     def __post_init__(self) -> None:
         if self.autocast not in AUTOCAST:
             raise ValueError(f"{self.env_name('autocast')} must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
+        if self.draft_vocab_size < 1:
+            raise ValueError(f"{self.env_name('draft_vocab_size')} must be >= 1 token, got {self.draft_vocab_size}")
         if not self.idle_after_s >= 0:  # NaN too
             raise ValueError(
                 f"{self.env_name('idle_after_s')} must be >= 0 seconds (0: no idle rounds), got {self.idle_after_s}"

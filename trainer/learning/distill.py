@@ -45,10 +45,11 @@ changes. Wrapping with PEFT injects LoRA layers into the draft model object in p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from adaptive_spec.drafters.early_exit import decoder_layers
 from adaptive_spec.formats.adapter_metadata import AdapterMetadata
 from adaptive_spec.formats.adapters import AdapterDir
 from adaptive_spec.models import native_bf16
-from trainer.evaluation.gate import causal_lm, draft_logits
+from trainer.evaluation.gate import adapters_disabled, causal_lm, draft_logits
 from trainer.intake.examples import TrainingExample, collate, micro_batches
 from trainer.settings import AUTOCAST, AUTOCAST_MIN_HIDDEN
 
@@ -141,10 +142,15 @@ def training_autocast(autocast: str, device: torch.device, weights: torch.dtype,
 
 
 class TrainedWeights:
-    """What DraftTrainer and HeadTrainer share: wrapping the draft in LoRA (`_lora_config`, `_wrap`), the
-    optimiser and counters (`_start`), the optimiser step (`train_step`), loading a saved version into the
-    PEFT model, copies of the trained weights, resetting LoRA. Needs `settings`, then `_wrap`, then
-    `_start`; each trainer brings its own loss (`_group_loss`) and its own layers (`_train_mode`)."""
+    """What DraftTrainer, HeadTrainer and Eagle3Trainer share: the optimiser and counters (`_start`), the
+    optimiser step (`train_step`), copies of the trained weights (`lora_state`, `restore`), the base draft
+    (`base_draft`) and the metadata (`_write_metadata`). Needs `settings` and `model`, then `_start`; each
+    trainer brings its own loss (`_group_loss`) and its own layers (`_train_mode`).
+
+    The LoRA trainers wrap the draft in PEFT (`_lora_config`, `_wrap`), load a saved version into the PEFT
+    model (`_load_version`), reset LoRA (`_reset_lora`) and save PEFT's files (`_save`); a full-parameter
+    trainer (trainer/learning/eagle3_distill.py) trains the model's own weights and overrides what says
+    LoRA: `base_draft`, `lora_state` and `restore`, beside its own save, load and reset."""
 
     model: Any
     settings: LoraSettings
@@ -292,17 +298,21 @@ class TrainedWeights:
         return torch.where(accepted, self.settings.accepted_weight, self.settings.rejected_weight).float()
 
     def _save(self, adapter_dir: Path, draft_config: dict, **extra) -> Path:
-        """PEFT's adapter_config.json + adapter_model.safetensors, then adaptive_spec_adapter.json: who
-        trained it (target, draft and its shape), how (the settings), from what and on how much; the
-        online trainer adds the version's lineage and gate figures when it seals it (promotion/versions.py)."""
+        """PEFT's adapter_config.json + adapter_model.safetensors, then the metadata (`_write_metadata`)."""
         self.model.save_pretrained(str(adapter_dir))
+        return self._write_metadata(adapter_dir, draft_config, **extra)
+
+    def _write_metadata(self, adapter_dir: Path, draft_config: dict, settings: dict | None = None, **extra) -> Path:
+        """adaptive_spec_adapter.json: who trained it (target, draft and its shape), how (`settings`, by default
+        all of the trainer's), from what and on how much; the online trainer adds the version's lineage and gate
+        figures when it seals it (promotion/versions.py)."""
         AdapterMetadata().updated(
             format=METADATA_FORMAT,
             created_at=time.time(),
             target_id=self.target_id,
             draft_id=self.draft_id,
             draft_config=draft_config,
-            settings=dataclasses.asdict(self.settings),
+            settings=dataclasses.asdict(self.settings) if settings is None else settings,
             init_adapter=self.init_adapter,
             steps=self.steps,
             records_used=self.records_used,
@@ -311,6 +321,13 @@ class TrainedWeights:
             **extra,
         ).write(adapter_dir)
         return adapter_dir
+
+    @contextlib.contextmanager
+    def base_draft(self) -> Iterator[None]:
+        """The draft as served without a version, for the gate's figures of the base draft, leaving the trained
+        weights and the optimiser as they were afterwards: LoRA switched off (`adapters_disabled`)."""
+        with adapters_disabled(self.model):
+            yield
 
     def lora_state(self) -> dict[str, torch.Tensor]:
         """A copy of the trained weights, to come back to with `restore`."""

@@ -74,6 +74,7 @@ own in bench-drift and `adaptive-spec up`; `adaptive-spec train` loads one (540 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +172,46 @@ def softmax_columns(head, topk_ids: torch.Tensor, softmax: str = "batch"):
     return logits, torch.searchsorted(columns, topk_ids)
 
 
+def unrolled_loss(
+    head,
+    batch: HeadBatch,
+    settings: HeadSettings,
+    weights: torch.Tensor,
+    softmax: tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, torch.Tensor],
+    total_weight: float,
+    total_tokens: int,
+) -> torch.Tensor:
+    """The module docstring's loss of a batch, `settings.unroll` draft steps deep: noise on the input states, then
+    per step the weighted KL (its `weights` [positions], over `total_weight`) and the state regression (over
+    `total_tokens`), each step weighted `unroll_decay` times the one before. `softmax` is (predicted states
+    [n, hidden] -> logits [n, columns], the top-m ids as indices into those columns [positions, m], the top-m
+    log-probabilities [positions, m]); a position whose log-probabilities are all -inf (none of its top-m can be
+    drafted) has no KL term."""
+    logits, topk_ids, topk_logprobs = softmax
+    features = batch.features
+    hidden = batch.states.shape[-1]  # each state layer's width
+    if settings.noise > 0:  # relative to each layer's state's RMS
+        b, seq, wide = features.shape
+        blocks = features.view(b, seq, wide // hidden, hidden)
+        scale = blocks.pow(2).mean(-1, keepdim=True).sqrt()  # [b, seq, layers, 1]: 0 before position 0
+        features = (blocks + (torch.rand_like(blocks) * 2 - 1) * settings.noise * scale).view(b, seq, wide)
+    weights = weights.to(features.device)  # [positions]
+    scored = torch.isfinite(topk_logprobs).any(-1)  # [positions]
+    loss = features.new_zeros(())
+    for j, predicted in enumerate(unrolled(head, batch.input_ids, features, settings.unroll)):
+        step_weight = settings.unroll_decay**j
+        usable = (batch.cols >= j) & scored  # step j + 1 needs a chain start at col - j >= 0
+        picked = predicted[batch.rows[usable], batch.cols[usable]]  # [positions, hidden]
+        kl = position_losses(logits(picked).float(), topk_ids[usable], topk_logprobs[usable], settings.loss)
+        loss = loss + step_weight * (weights[usable] * kl).sum() / total_weight
+        if settings.regression_weight > 0:
+            real = batch.real.clone()
+            real[:, :j] = False
+            regression = _smooth_l1_scaled(predicted[real], batch.states[real]).sum() / total_tokens
+            loss = loss + step_weight * settings.regression_weight * regression
+    return loss
+
+
 class HeadTrainer(TrainedWeights):
     """LoRA on a `TrainableHead`'s layer, its fuse trained whole, and the optimiser; the interface of
     `DraftTrainer` (train_step, save, load, lora_state, restore, reset, records_used, tokens_used)."""
@@ -222,30 +263,17 @@ class HeadTrainer(TrainedWeights):
         return int(self.head.config.hidden_size)
 
     def _loss(self, batch: HeadBatch, total_weight: float, total_tokens: int) -> torch.Tensor:
-        settings = self.settings
-        features = batch.features
-        if settings.noise > 0:  # relative to each layer's state's RMS
-            b, seq, wide = features.shape
-            blocks = features.view(b, seq, wide // self._hidden_size(), self._hidden_size())
-            scale = blocks.pow(2).mean(-1, keepdim=True).sqrt()  # [b, seq, layers, 1]: 0 before position 0
-            features = (blocks + (torch.rand_like(blocks) * 2 - 1) * settings.noise * scale).view(b, seq, wide)
-        weights = self._weights(batch.accepted).to(features.device)  # [positions]
-        logits, topk_ids = softmax_columns(self.head, batch.target_topk_ids, settings.softmax)
-        loss = features.new_zeros(())
-        for j, predicted in enumerate(unrolled(self.head, batch.input_ids, features, settings.unroll)):
-            step_weight = settings.unroll_decay**j
-            usable = batch.cols >= j  # step j + 1 needs a chain start at col - j >= 0
-            picked = predicted[batch.rows[usable], batch.cols[usable]]  # [positions, hidden]
-            kl = position_losses(
-                logits(picked).float(), topk_ids[usable], batch.target_topk_logprobs[usable], settings.loss
-            )
-            loss = loss + step_weight * (weights[usable] * kl).sum() / total_weight
-            if settings.regression_weight > 0:
-                real = batch.real.clone()
-                real[:, :j] = False
-                regression = _smooth_l1_scaled(predicted[real], batch.states[real]).sum() / total_tokens
-                loss = loss + step_weight * settings.regression_weight * regression
-        return loss
+        logits, topk_ids = softmax_columns(self.head, batch.target_topk_ids, self.settings.softmax)
+        weights = self._weights(batch.accepted)
+        return unrolled_loss(
+            self.head,
+            batch,
+            self.settings,
+            weights,
+            (logits, topk_ids, batch.target_topk_logprobs),
+            total_weight,
+            total_tokens,
+        )
 
     def save(self, adapter_dir: str | Path) -> Path:
         """Write PEFT's adapter_config.json + adapter_model.safetensors and adaptive_spec_adapter.json."""

@@ -2,7 +2,8 @@
 states and scores itself for the gate), the target's states per record (`TargetStates`), padded
 batches of examples with their states (`head_batch`), and the head unrolled on its own predictions
 (`unrolled`). Trained by trainer/learning/head_distill.py; the module docstring there says what the head
-reads and how it learns.
+reads and how it learns. `ScoredHead` is what it shares with the standard EAGLE-3 head as the trainer
+holds it (trainer/learning/eagle3_model.py): the states it reads and the gate's figures of its drafts.
 
     head = TrainableHead(target)                    # a copy of the target's last layer, fuse [I | I], reading
                                                     # the target's state layers (feeding.state_layers)
@@ -77,16 +78,21 @@ class TargetStates:
         return captured[0][0].to(self.dtype).cpu()  # [seq, hidden * layers]
 
 
-class TrainableHead(DraftHead):
-    """A `DraftHead` as the trainer holds it: with the target whose states it reads (`states`, not a
-    submodule), so that the gate can score it (`gate_figures`) like any draft model."""
+class ScoredHead:
+    """A head the trainer scores: called as `head(input_ids, states, position_ids, mask, cache)` -> predicted states
+    [n, width, hidden], it reads the target's states (`states`, not a submodule) and says which of the target's
+    tokens its predictions draft (`vocab_logits`, `draft_tokens`), so that the gate scores it (`gate_figures`) like
+    any draft model, and a chain of its own steps too (`chain_figures`)."""
 
-    def __init__(
-        self, target, state_dtype: torch.dtype = torch.float16, feature_layers: tuple[int, ...] | None = None
-    ) -> None:
-        super().__init__(target, feature_layers)
-        self.states = TargetStates(target, state_dtype, self.feature_layers)
-        self.embedding_scale = _embedding_scale(self, target)
+    states: TargetStates
+
+    def vocab_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[positions, hidden] predicted states -> [positions, vocab]: logits over the target's vocabulary."""
+        raise NotImplementedError
+
+    def draft_tokens(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[positions, hidden] -> [positions] int64: the target's token each prediction drafts greedily."""
+        return self.vocab_logits(predicted).argmax(-1)
 
     def gate_figures(
         self, records: Iterable[CorrectionRecord | TrainingExample], batch_tokens: int = 2048, max_seq_len: int = 1024
@@ -98,7 +104,7 @@ class TrainableHead(DraftHead):
             for batch, ids in _head_batches(self, records, batch_tokens, max_seq_len):
                 predicted = self(batch.input_ids, batch.features)  # [b, seq, hidden]
                 tally.add(
-                    self.logits(predicted[batch.rows, batch.cols]),
+                    self.vocab_logits(predicted[batch.rows, batch.cols]),
                     batch.target_topk_ids,
                     batch.target_topk_logprobs,
                     [ids[row] for row in batch.rows.tolist()],
@@ -135,7 +141,7 @@ class TrainableHead(DraftHead):
                     inside = cols < batch.input_ids.shape[1]
                     rows, cols = batch.rows[inside], cols[inside]
                     wanted = top1[rows, cols]
-                    drafted = self.logits(predicted[rows, cols]).argmax(-1)
+                    drafted = self.draft_tokens(predicted[rows, cols])
                     valid = wanted >= 0
                     hit, alive = torch.zeros_like(run), torch.zeros_like(run)
                     hit[inside] = (drafted == wanted) & valid
@@ -153,6 +159,20 @@ class TrainableHead(DraftHead):
         }
 
 
+class TrainableHead(ScoredHead, DraftHead):
+    """A `DraftHead` as the trainer holds it: with the target whose states it reads, scored by the gate."""
+
+    def __init__(
+        self, target, state_dtype: torch.dtype = torch.float16, feature_layers: tuple[int, ...] | None = None
+    ) -> None:
+        super().__init__(target, feature_layers)
+        self.states = TargetStates(target, state_dtype, self.feature_layers)
+        self.embedding_scale = _embedding_scale(self, target)
+
+    def vocab_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        return self.logits(predicted)  # the target's own final norm and LM head: the whole vocabulary
+
+
 @dataclass
 class HeadBatch:
     """Examples padded on the right with the target's states beside each token."""
@@ -168,15 +188,16 @@ class HeadBatch:
     accepted: torch.Tensor  # [positions] bool
 
 
-def head_batch(head: TrainableHead, group: list[tuple[object, TrainingExample]]) -> HeadBatch:
+def head_batch(head: ScoredHead, group: list[tuple[object, TrainingExample]]) -> HeadBatch:
     """One padded batch of (owner of the states, example) pairs."""
     batch = collate([example for _, example in group])
     b, seq = batch.input_ids.shape
-    device = head.fuse.weight.device
-    hidden = head.config.hidden_size
-    states = torch.zeros(b, seq, hidden * len(head.feature_layers))
-    for row, (owner, example) in enumerate(group):
-        states[row, : example.num_tokens] = head.states.of(owner, example.input_ids)
+    device = next(head.parameters()).device  # a ScoredHead is a module
+    hidden = head.states.target.config.hidden_size  # each state layer's width: the last is what the head predicts
+    computed = [head.states.of(owner, example.input_ids) for owner, example in group]  # [seq_i, layers * hidden]
+    states = torch.zeros(b, seq, computed[0].shape[-1])
+    for row, each in enumerate(computed):
+        states[row, : each.shape[0]] = each
     features = torch.cat([torch.zeros(b, 1, states.shape[-1]), states[:, :-1]], dim=1)
     return HeadBatch(
         batch.input_ids.to(device),
@@ -192,7 +213,7 @@ def head_batch(head: TrainableHead, group: list[tuple[object, TrainingExample]])
 
 
 def _head_batches(
-    head: TrainableHead, records, batch_tokens: int, max_seq_len: int
+    head: ScoredHead, records, batch_tokens: int, max_seq_len: int
 ) -> Iterator[tuple[HeadBatch, list[str]]]:
     """Records (their states kept with each record) or examples, in padded batches of `batch_tokens`,
     each with the request ids of its rows."""
@@ -206,7 +227,7 @@ def _head_batches(
         yield head_batch(head, [(owners[id(example)], example) for example in group]), [e.request_id for e in group]
 
 
-def unrolled(head: DraftHead, input_ids: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
+def unrolled(head: ScoredHead, input_ids: torch.Tensor, features: torch.Tensor, depth: int) -> list[torch.Tensor]:
     """The head's predicted states `[b, seq, hidden]` for draft steps 1..depth at every position.
 
     Step 1 at position t reads (features[t], token t): the target's state at t - 1. Step j > 1 at t

@@ -15,7 +15,8 @@ lineages their champions), and the entries a checkpoint covers are acknowledged 
 A checkpoint is a directory `ckpt-NNNNNN` written under a temporary name, renamed, and named by the
 file `LATEST` (replaced atomically), so a crash mid-write leaves the last complete one in place:
 
-    adapter/       the champion's LoRA weights (PEFT; the base draft's zero adapter before any promotion)
+    adapter/       the champion's weights (a LoRA in PEFT's layout, the base draft's zero adapter before any promotion;
+                   an EAGLE-3 head's whole checkpoint)
     buffer.bin     replay-buffer records, oldest first   } each a uint32 little-endian byte length
     holdout.bin    held-out records, oldest first        } + CorrectionRecord.encode()
     state.json     a `CheckpointState`: the counters, the champion's version and sha256, the next

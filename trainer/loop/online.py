@@ -24,8 +24,9 @@ models, a real redis-server): `.venv/bin/python -m pytest tests/trainer/test_onl
 
 Not thread-safe: one thread drives poll, train_round and checkpoint (run() does). The trainer owns
 `draft_model`: PEFT injects the LoRA layers into it in place. The draft is an early-exit draft
-(trainer/learning/distill.py) or a head (`TrainableHead(target)`, trainer/learning/head_distill.py,
-`lora` then a `HeadSettings`); the gate, versions, checkpoints and registry are the same for both.
+(trainer/learning/distill.py), a head (`TrainableHead(target)`, trainer/learning/head_distill.py,
+`lora` then a `HeadSettings`) or an EAGLE-3 head trained whole (`TrainableEagle3Head(target)`,
+trainer/learning/eagle3_distill.py, an `Eagle3Settings`); the gate, versions, checkpoints and registry are the same.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ from trainer.evaluation.gate import Gate
 from trainer.intake.intake import StreamIntake
 from trainer.intake.screening import RecordScreen, vocab_size
 from trainer.intake.stream import CorrectionStream
-from trainer.learning.distill import DraftTrainer, LoraSettings
-from trainer.learning.head_distill import HeadTrainer
-from trainer.learning.head_model import TrainableHead
+from trainer.learning.distill import LoraSettings
+from trainer.learning.drafts import trainer_for
 from trainer.loop.checkpoint import latest_checkpoint, parts_changed, restore_parts, write_parts
 from trainer.loop.domains import DomainLineages, Lineage
 from trainer.loop.rounds import RoundResult, Rounds, versus
@@ -135,8 +135,7 @@ class OnlineTrainer:
 
         state, checkpoint = latest_checkpoint(self.checkpoint_dir)
         screen = RecordScreen(settings.target_id, settings.draft_id, vocab_size(draft_model))
-        trainer_class = HeadTrainer if isinstance(draft_model, TrainableHead) else DraftTrainer
-        self.trainer = trainer_class(
+        self.trainer = trainer_for(draft_model)(
             draft_model,
             settings.lora,
             init_adapter=checkpoint / "adapter" if checkpoint else None,

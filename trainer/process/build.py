@@ -79,18 +79,21 @@ def lendable(target: torch.nn.Module, settings: TrainerSettings) -> torch.nn.Mod
 
 
 def load_draft(settings: TrainerSettings, target: torch.nn.Module | None = None) -> tuple[torch.nn.Module, int]:
-    """(the draft module a trainer owns, the vocabulary size) for the settings' draft spec: an early exit
-    or a head built on `target` (loaded from the settings when None), or a separate draft model."""
+    """(the draft module a trainer owns, the vocabulary size) for the settings' draft spec: an early exit, a head
+    or an EAGLE-3 head (over `draft_vocab_size` tokens) built on `target` (loaded from the settings when None), or
+    a separate draft model."""
     spec = parse_draft_spec(settings.draft)
     if not spec.trainable:
-        raise DraftSpecError(f"the {spec} draft has no weights to train; use early-exit:N, head or a draft model")
+        raise DraftSpecError(
+            f"the {spec} draft has no weights to train; use early-exit:N, head, eagle3 or a draft model"
+        )
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if spec.kind in TARGET_DRAFTS:  # the target lends its layers (and, to a head, its hidden states)
         if target is None:
             log.info("loading %s for the draft %s on %s in %s", settings.target, spec, device, dtype)
             target = load_model(settings.target, device, dtype)[0]
-        return trainable_draft(spec, target), target.config.vocab_size
+        return trainable_draft(spec, target, draft_vocab_size=settings.draft_vocab_size), target.config.vocab_size
     log.info("loading the draft %s on %s in %s", spec, device, dtype)
     model = load_model(spec.source, device, dtype)[0]
     return model, model.config.vocab_size

@@ -36,7 +36,7 @@ from adaptive_spec.contracts import SHA_TAG, version_dir_name
 from adaptive_spec.formats.adapters import AdapterDir, AdapterError, sha256_file
 from adaptive_spec.formats.record import CorrectionRecord
 from registry.client import AdapterRegistry, ServedChampion
-from trainer.evaluation.gate import GateFigures, adapters_disabled, draft_agreement
+from trainer.evaluation.gate import GateFigures, draft_agreement
 from trainer.learning.distill import DraftTrainer
 from trainer.promotion.pending import PendingRegistrations
 from trainer.promotion.versions import VersionDirs
@@ -153,7 +153,7 @@ class Champion:
         key = (revision, self._key())
         if self._figures is None or self._figures[0] != key:
             if self._key() is None:  # the base draft
-                with adapters_disabled(self.trainer.model):
+                with self.trainer.base_draft():  # LoRA off, or an eagle3 head's untrained start
                     figures = agreement(self.trainer, heldout)
             else:  # between rounds the trained weights are the general champion's; a domain's go in first
                 if self.fallback is not None:

@@ -72,13 +72,15 @@ class VersionDirs:
     def write(
         self, number: int, save: Callable[[Path], object], vocab: list[int], ngrams: dict | None = None, **metadata
     ) -> tuple[Path, str]:
-        """`save(directory)` writes the PEFT adapter; then `vocab` and the n-gram index (when given)
-        are written and it is all sealed with `metadata` (the checksum covers the weights, the
-        vocabulary and the index). Returns (the version's path, the weights' sha256)."""
+        """`save(directory)` writes the adapter (PEFT's, or an EAGLE-3 head's checkpoint); then `vocab` (not for an
+        EAGLE-3 head: its checkpoint's d2t is its draft vocabulary) and the n-gram index (when given) are written and
+        it is all sealed with `metadata` (the checksum covers the weights, the vocabulary and the index). Returns
+        (the version's path, the weights' sha256)."""
         staged = self._staging(number)
         save(staged)
         adapter = AdapterDir(staged)
-        adapter.write_vocab(vocab)
+        if not adapter.standard:
+            adapter.write_vocab(vocab)
         if ngrams:
             adapter.write_ngrams(ngrams)
         digest = adapter.seal(**metadata)
