@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import logging
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -121,12 +122,87 @@ def resolve_source(name: str) -> tuple[str, Path | None]:
     return "hf", None
 
 
+@functools.lru_cache(maxsize=16)
+def verifier_name(name: str) -> str:
+    """The name other engines know a target by: what an EAGLE-3 head's config.json gives as its verifier
+    (`speculators_config.verifier.name_or_path`, which `vllm serve HEAD` loads), for the trainer that writes
+    heads and `adapters import`, which checks a head's against the configured target.
+
+    - the built-in default: the model its GGUF file holds, "HuggingFaceTB/SmolLM2-135M-Instruct" (the GGUF's
+      `general.source.huggingface.repository`, else its `general.organization` and its file name before the
+      quantization suffix: SmolLM2-135M-Instruct.Q4_1.gguf);
+    - another .gguf file: its `general.source.huggingface.repository` when it names one, else the path;
+    - a Hugging Face id or a local directory: the name as given (vLLM loads either).
+    """
+    kind, path = resolve_source(name)
+    if kind != "gguf" or path is None:
+        return name
+    fields = _gguf_strings(path, (_GGUF_REPOSITORY, _GGUF_ORGANIZATION))
+    if fields.get(_GGUF_REPOSITORY):
+        return fields[_GGUF_REPOSITORY]
+    if name == DEFAULT_MODEL and fields.get(_GGUF_ORGANIZATION):
+        return f"{fields[_GGUF_ORGANIZATION]}/{path.name.split('.')[0]}"
+    return name
+
+
+_GGUF_REPOSITORY, _GGUF_ORGANIZATION = "general.source.huggingface.repository", "general.organization"
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # fixed-size value types
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _gguf_strings(path: Path, keys: tuple[str, ...]) -> dict[str, str]:
+    """The string values of `keys` in a GGUF file's key-value header (format 2 and later), read without its
+    tensors: gguf's own GGUFReader maps every tensor first (5 s for the default's 98 MB). {} for a file it
+    cannot read."""
+    found: dict[str, str] = {}
+    try:
+        with open(path, "rb") as handle:
+
+            def number(fmt: str) -> int:
+                return struct.unpack("<" + fmt, handle.read(struct.calcsize(fmt)))[0]
+
+            def text() -> str:
+                return handle.read(number("Q")).decode("utf-8", "replace")
+
+            def skip(kind: int) -> None:
+                if kind == _GGUF_STRING:
+                    handle.seek(number("Q"), 1)
+                elif kind == _GGUF_ARRAY:
+                    item, count = number("I"), number("Q")
+                    if item in _GGUF_SIZES:
+                        handle.seek(count * _GGUF_SIZES[item], 1)
+                    else:
+                        for _ in range(count):
+                            skip(item)
+                else:
+                    handle.seek(_GGUF_SIZES[kind], 1)
+
+            if handle.read(4) != b"GGUF" or number("I") < 2:
+                return found
+            number("Q")  # the tensor count
+            for _ in range(number("Q")):
+                key, kind = text(), number("I")
+                if kind == _GGUF_STRING and key in keys:
+                    found[key] = text()
+                else:
+                    skip(kind)
+    except (OSError, struct.error, KeyError) as exc:
+        log.warning("could not read the header of %s: %s", path, exc)
+    return found
+
+
+def loadable_name(name: str, cache_dir: Path | None = None) -> str:
+    """What `from_pretrained` (and `vllm serve`) load for `name`: a GGUF file's safetensors directory, converted
+    once into `cache_dir` (the data directory's models/), or a Hugging Face id or directory as it is."""
+    _, path = resolve_source(name)  # a GGUF file has a path; a Hugging Face id or directory none
+    return str(_gguf_as_safetensors(path, cache_dir or data_dir() / "models")) if path is not None else name
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path | None = None):
     """Load (model, tokenizer) in eval mode on `device` in `dtype`, with gradients off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, path = resolve_source(name)  # a GGUF file has a path; a Hugging Face id or directory none
-    local = str(_gguf_as_safetensors(path, cache_dir or data_dir() / "models")) if path is not None else name
+    local = loadable_name(name, cache_dir)
     try:
         model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
     except OSError as exc:  # missing directory, no such hub id, or the hub is unreachable

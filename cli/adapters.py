@@ -1,10 +1,13 @@
-"""`adaptive-spec adapters list|rollback|promote`: the adapter registry from the terminal (registry/client.py).
+"""`adaptive-spec adapters list|rollback|promote|export|import`: the adapter registry from the terminal
+(registry/client.py).
 
 adaptive-spec adapters list --json
 adaptive-spec adapters rollback --to 3
 adaptive-spec adapters promote 4
 adaptive-spec adapters promote 4 --domain sql     # champion-sql <- 4: requests tagged "sql" draft with it
 adaptive-spec adapters list --domain sql          # sql's versions and aliases only
+adaptive-spec adapters export 7 ./head-v7         # an eagle3 version as a speculators checkpoint (adapters_eagle3.py)
+adaptive-spec adapters import ./head --promote    # an EAGLE-3 checkpoint as a new version, champion
 
 Without --domain a command acts on the general adapter (`champion`, `previous`); with it, on that
 domain's pair (`champion-sql`, `previous-sql`). A domain name is letters, digits, '_' and inner '-'.
@@ -28,6 +31,8 @@ from adaptive_spec.contracts import (
     check_domain,
     previous_alias,
 )
+from cli import adapters_eagle3
+from cli.options import use_data_dir
 
 
 def domain_name(text: str) -> str:
@@ -41,16 +46,18 @@ def domain_name(text: str) -> str:
 def add_commands(commands) -> None:
     adapters = commands.add_parser(
         "adapters",
-        help="the adapter registry: list, rollback, promote",
+        help="the adapter registry: list, rollback, promote, export, import",
         description="The draft's adapters in MLflow (MLFLOW_TRACKING_URI, else DATA_DIR/mlflow.db). Servers follow "
         "the 'champion' alias (the general adapter) and each domain's 'champion-DOMAIN' within seconds. Rollbacks "
-        "and promotions are recorded with who made them.",
+        "and promotions are recorded with who made them. EAGLE-3 heads (the eagle3 draft) leave as standard "
+        "checkpoints that vLLM and SGLang load (export) and come in from them, trained anywhere (import).",
     )
-    where = argparse.ArgumentParser(add_help=False)
-    where.add_argument(
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument(
         "--data-dir", type=Path, default=None, help="default: $ADAPTIVE_SPEC_DATA_DIR or ./.adaptive-spec"
     )
-    where.add_argument("--registered-model", default=None, help=f"default: {MODEL_NAME}")
+    store.add_argument("--registered-model", default=None, help=f"default: {MODEL_NAME}")
+    where = argparse.ArgumentParser(add_help=False, parents=[store])
     where.add_argument(
         "--domain",
         type=domain_name,
@@ -69,6 +76,7 @@ def add_commands(commands) -> None:
     back.add_argument("--to", default=None, metavar="VERSION")
     forward = actions.add_parser("promote", parents=[where], help="champion <- VERSION, previous <- the old champion")
     forward.add_argument("version", metavar="VERSION")
+    adapters_eagle3.add_commands(actions, store, where)
     adapters.set_defaults(func=cmd_adapters)
 
 
@@ -76,13 +84,25 @@ def cmd_adapters(args) -> int:
     from adaptive_spec.models import data_dir
     from registry.client import AdapterRegistry, RegistryUnavailable, actor
 
+    transfer = args.action in adapters_eagle3.ACTIONS
+    if transfer:
+        use_data_dir(args.data_dir)  # import converts the target's GGUF under it, as the other commands do
     registry = AdapterRegistry(
         data_dir=args.data_dir or data_dir(),
         redis_url=os.environ.get(REDIS_URL_ENV),
         model_name=args.registered_model or MODEL_NAME,
+        signing_key=adapters_eagle3.signing_key() if transfer else None,  # export checks it, import signs with it
     )
     try:
-        if args.action == "list":
+        if args.action == "export":
+            print(adapters_eagle3.export_version(registry, args))
+            return 0
+        if args.action == "import":
+            version = adapters_eagle3.import_checkpoint(registry, args)
+            if not args.promote:
+                return 0
+            event = registry.promote(version, by=actor("cli"), domain=args.domain)
+        elif args.action == "list":
             versions = registry.versions()
             if args.domain is not None:
                 versions = _of_domain(versions, args.domain)
@@ -91,7 +111,7 @@ def cmd_adapters(args) -> int:
             else:
                 print(_adapter_table(versions) if versions else f"no versions of {registry.model_name} in {registry!r}")
             return 0
-        if args.action == "rollback":
+        elif args.action == "rollback":
             event = registry.rollback(to=args.to, by=actor("cli"), domain=args.domain)
         else:
             event = registry.promote(args.version, by=actor("cli"), domain=args.domain)
