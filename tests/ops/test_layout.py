@@ -60,5 +60,5 @@ def test_ci_runs_the_readme_test_command_and_that_runs_every_group() -> None:
         line.split(":")[0]
         for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     }
-    assert {"default", "compiled", "slow", "cuda"} <= set(names), names
+    assert {"default", "compiled", "slow", "vllm", "cuda"} <= set(names), names
     assert set(names) - {"default"} <= markers, "every group but the default one is a pytest marker"
