@@ -61,6 +61,13 @@ defaults until rank 64 replaced rank 16):
                    HeadSettings() since 2026-11-30: the same with four draft steps trained
     softmax-vocab  rank 64 with the KL's softmax over the whole vocabulary, not the batch's tokens
                    (every other recipe: the batch's, HeadSettings.softmax)
+    eagle3         the standard EAGLE-3 layout (drafters/eagle3_head.py) as the trainer trains it (Eagle3Settings():
+                   every weight of the head's own trained whole, its norm and LM head the target's, frozen; the
+                   recipe of fused-features-rank-128-unroll-4 otherwise), against which the project's own head is
+                   measured to choose the default draft (issue 70)
+    eagle3-train-lm-head, eagle3-lr-1e-4, eagle3-lr-1e-3
+                   eagle3 with its norm and LM head rows trained too, or a learning rate of 1e-4 or 1e-3 (the
+                   default since 2026-12-07, so eagle3-lr-1e-3 is eagle3 now; it was 3e-4)
     default-fp32, default-bf16-autocast
                    HeadSettings() of the time (two draft steps, rank 64) with a training step's forwards in fp32 or under bf16 autocast
                    (LoraSettings.autocast; every other recipe: "auto", bf16 where the CPU has it natively)
@@ -68,6 +75,7 @@ defaults until rank 64 replaced rank 16):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -86,6 +94,8 @@ from benchmarks.settings import RECIPES, AblationSettings
 from service.finite import finite
 from trainer.intake.buffer import ReplayBuffer
 from trainer.intake.examples import examples_from_record
+from trainer.learning.eagle3_distill import Eagle3Settings, Eagle3Trainer
+from trainer.learning.eagle3_model import TrainableEagle3Head
 from trainer.learning.head_distill import HeadSettings, HeadTrainer
 from trainer.learning.head_model import TrainableHead
 
@@ -131,7 +141,7 @@ def load_records(path: Path) -> list[CorrectionRecord]:
     return records
 
 
-def score(head: TrainableHead, heldout, depth: int) -> dict:
+def score(head: TrainableHead | TrainableEagle3Head, heldout, depth: int) -> dict:
     chain = head.chain_figures(heldout, depth=depth)
     return {
         "match_1": head.gate_figures(heldout).greedy_match,
@@ -144,12 +154,19 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
     """Train a fresh head with one recipe on `train` (examples) and score it on `heldout` as it goes."""
     torch.manual_seed(args.seed)
     recipe = dict(RECIPES[name])
-    layers = state_layers(target)
-    if recipe.pop("features", "last") != "fused":
-        layers = layers[-1:]
-    settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **recipe})
-    head = TrainableHead(target, feature_layers=layers)
-    trainer = HeadTrainer(head, settings, target_id="target", draft_id="head")
+    head: TrainableHead | TrainableEagle3Head
+    trainer: HeadTrainer | Eagle3Trainer
+    if recipe.pop("layout", "head") == "eagle3":  # the standard layout (drafters/eagle3_head.py), trained whole
+        eagle3 = Eagle3Settings(**{"batch_tokens": args.batch_tokens, **recipe})
+        head = TrainableEagle3Head(target)
+        trainer = Eagle3Trainer(head, eagle3, target_id="target", draft_id="eagle3")
+    else:
+        layers = state_layers(target)
+        if recipe.pop("features", "last") != "fused":
+            layers = layers[-1:]
+        settings = HeadSettings(**{"batch_tokens": args.batch_tokens, **recipe})
+        head = TrainableHead(target, feature_layers=layers)
+        trainer = HeadTrainer(head, settings, target_id="target", draft_id="head")
     buffer = ReplayBuffer(10**9)
     for example in train:
         buffer.add(example)
@@ -159,13 +176,14 @@ def run_recipe(target, name: str, train, heldout, args: AblationSettings) -> dic
     scoring_states_s = head.states.seconds  # the held-out records' states, computed once by the first score
     for step in tqdm(range(1, args.steps + 1), desc=name, unit="step", file=sys.stderr):
         started = time.monotonic()
-        trainer.train_step(buffer.sample_batch(rng, settings.batch_tokens))
+        trainer.train_step(buffer.sample_batch(rng, args.batch_tokens))
         train_s += time.monotonic() - started
         if step % args.eval_every == 0 or step == args.steps:
             curve.append({"step": step, **score(head, heldout, args.depth)})
             print(f"{name} step {step}: {json.dumps(curve[-1])}", file=sys.stderr)
     return {
         "settings": RECIPES[name],
+        "resolved_settings": dataclasses.asdict(trainer.settings),  # every field, the defaults of the day included
         "train_s": train_s,
         "state_forward_s": head.states.seconds - scoring_states_s,  # of which the target's forwards for states
         "curve": curve,

@@ -58,6 +58,11 @@ RECIPES = {
     "fused-features-rank-128": {"r": 128, "alpha": 256, "unroll": 3, "unroll_decay": 0.5, "features": "fused"},
     # HeadSettings() now: four draft steps trained
     "fused-features-rank-128-unroll-4": {"r": 128, "alpha": 256, "unroll": 4, "unroll_decay": 0.5, "features": "fused"},
+    # the standard EAGLE-3 layout, trained whole (trainer/learning/eagle3_distill.py Eagle3Settings())
+    "eagle3": {"layout": "eagle3"},
+    "eagle3-train-lm-head": {"layout": "eagle3", "train_lm_head": True},
+    "eagle3-lr-1e-4": {"layout": "eagle3", "lr": 1e-4},
+    "eagle3-lr-1e-3": {"layout": "eagle3", "lr": 1e-3},
     "softmax-vocab": TWO_STEPS | {"softmax": "vocab"},  # HeadSettings() before the batch softmax
     # HeadSettings() of the time (two draft steps) with its forwards in fp32 or under bf16 autocast (LoraSettings.autocast)
     "default-fp32": TWO_STEPS | {"autocast": "off"},
