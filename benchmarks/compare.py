@@ -59,7 +59,7 @@ def parse_draft_list(text: str) -> tuple[str, ...]:
         try:
             kind = parse_draft_spec(spec).kind
             if tree is not None and kind not in ("head", "eagle3"):
-                raise DraftSpecError("only a head draft (head, eagle3) builds trees")
+                raise DraftSpecError("only a head draft builds trees (head, eagle3)")
         except DraftSpecError as exc:
             raise DraftSpecError(f"{entry!r} is not a draft spec: {exc}") from None
         if kind not in TARGET_DRAFTS:

@@ -35,7 +35,8 @@ from tiny_bytes import tiny_byte_tokenizer
 pytestmark = pytest.mark.redis
 
 CASES_PER_OPERATION_AND_MODE = 50
-PER_FIELD_CASES = 10  # schema-valid values of one engine field at a time, on a valid request
+PER_FIELD_CASES = 40  # schema-valid values of one engine field at a time, on a valid request (with 10, a CI clone
+# answered no logit_bias case where this checkout answered 14, the same seed: the draws differ between environments)
 TOKEN = "fuzz-admin-token"
 FUZZ_SEED = 0
 # Fields of the generation routes that each must reach the engine, set, in some answered (200) case.
