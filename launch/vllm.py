@@ -60,18 +60,17 @@ class VllmEnvironment:
         """ADAPTIVE_SPEC_VLLM (a virtual environment's directory or its python) when set, else `root/.venv-vllm`
         (root: the working directory), made on first use; the worker extension installed into it if missing."""
         named = os.environ.get(VLLM_ENV)
-        if named:
-            python = Path(named) / "bin" / "python" if Path(named).is_dir() else Path(named)
-            if not python.exists():
-                raise VllmUnavailable(f"{VLLM_ENV}={named}: no python there (name a virtual environment with vLLM)")
-        else:
-            home = (root or Path.cwd()) / DEFAULT_DIR
-            python = home / "bin" / "python"
-            if not _imports(python, "vllm"):
-                _make(home, log)
-        env = cls(python)
-        if not _imports(python, "vllm"):
+        home = Path(named) if named else (root or Path.cwd()) / DEFAULT_DIR
+        python = home / "bin" / "python" if home.is_dir() or not named else home
+        if named and not python.exists():
+            raise VllmUnavailable(f"{VLLM_ENV}={named}: no python there (name a virtual environment with vLLM)")
+        ready = _imports(python, "vllm")  # importing vllm takes seconds: asked once, and again only after making it
+        if not ready and not named:
+            _make(home, log)
+            ready = _imports(python, "vllm")
+        if not ready:
             raise VllmUnavailable(f"{python} cannot import vllm; install it there or unset {VLLM_ENV}")
+        env = cls(python)
         if not _imports(python, "adaptive_spec_vllm.worker"):
             _install_worker(python, log)
         return env
